@@ -1,0 +1,27 @@
+"""fasttrain: faster, leaner PyTorch training of transformer-style models — measured.
+
+Public API (imported lazily so ``import fasttrain`` stays cheap):
+``Recipe``, ``load_workload``, ``Workload``, ``SimpleWorkload``, ``train``, ``run_ladder``.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Recipe": ("fasttrain.recipe", "Recipe"),
+    "load_workload": ("fasttrain.workloads", "load_workload"),
+    "Workload": ("fasttrain.workloads.base", "Workload"),
+    "SimpleWorkload": ("fasttrain.workloads.base", "SimpleWorkload"),
+    "train": ("fasttrain.run.loop", "train"),
+    "run_ladder": ("fasttrain.ladder.runner", "run_ladder"),
+    "FasttrainError": ("fasttrain.errors", "FasttrainError"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(mod), attr)
+    raise AttributeError(name)

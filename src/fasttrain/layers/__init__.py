@@ -1,0 +1,1 @@
+"""Shared building blocks. Fused kernels swap in here, behind recipe switches, in one place."""

@@ -1,0 +1,61 @@
+"""Workload registry: a registered name (``vit``) or a user's ``package.module:factory``.
+
+A factory is called as ``factory(size=..., seed=..., data=..., **options)`` and returns a
+:class:`~fasttrain.workloads.base.Workload`. Registered factories are imported lazily, so
+importing fasttrain never builds a model.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+from ..errors import FasttrainError
+from .base import SIZES, SimpleWorkload, Workload
+
+REGISTRY: dict[str, str] = {
+    "vit": "fasttrain.workloads.vit:make",
+    "swin": "fasttrain.workloads.swin:make",
+    "sd": "fasttrain.workloads.sd:make",
+    "llama": "fasttrain.workloads.llama:make",
+}
+
+__all__ = ["REGISTRY", "SIZES", "SimpleWorkload", "Workload", "load_workload"]
+
+
+def _factory(spec: str):
+    target = REGISTRY.get(spec, spec)
+    if ":" not in target:
+        raise FasttrainError(
+            f"unknown workload {spec!r}: use one of {', '.join(REGISTRY)} or package.module:factory")
+    mod_name, fn_name = target.split(":", 1)
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as err:
+        raise FasttrainError(f"workload {spec!r}: cannot import {mod_name!r} ({err})") from None
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise FasttrainError(f"workload {spec!r}: {mod_name} has no callable {fn_name!r}")
+    return fn
+
+
+def load_workload(spec: str, size: str = "tiny", seed: int = 0, data: str | None = None,
+                  **options: Any) -> Workload:
+    """Build the workload named ``spec`` (registry name or ``module:factory``)."""
+    fn = _factory(spec)
+    params = inspect.signature(fn).parameters
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    kwargs = {"size": size, "seed": seed, "data": data, **options}
+    unknown = [k for k in options if k not in params and not takes_all]
+    if unknown:
+        raise FasttrainError(f"workload {spec!r} has no option {unknown[0]!r}")
+    kwargs = {k: v for k, v in kwargs.items() if k in params or takes_all}
+    if spec in REGISTRY and size not in SIZES:
+        raise FasttrainError(f"unknown size {size!r} for {spec!r}: use one of {', '.join(SIZES)}")
+    try:
+        wl = fn(**kwargs)
+    except (ValueError, FileNotFoundError) as err:
+        raise FasttrainError(f"workload {spec!r}: {err}") from None
+    if not isinstance(wl, Workload):
+        raise FasttrainError(f"workload {spec!r}: factory returned {type(wl).__name__}, not a Workload")
+    return wl

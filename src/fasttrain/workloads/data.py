@@ -1,0 +1,175 @@
+"""Real files on disk, written once into a cache folder, read through torch.utils.data.
+
+Images are JPEG files decoded with Pillow in the DataLoader workers, randomly cropped and
+flipped, and handed over as uint8 HWC tensors: the copy to the device moves 4x fewer bytes than
+float32 and normalisation happens on the device, inside the model (``normalize_images``).
+Augmentation randomness is keyed on (seed, epoch, index), never on worker RNG state, so every
+recipe sees the same batches whatever its worker count — the basis of loss parity.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def cache_root() -> Path:
+    """Where workloads write their data: ``$FASTTRAIN_CACHE`` or ``~/.cache/fasttrain``."""
+    return Path(os.environ.get("FASTTRAIN_CACHE", Path.home() / ".cache" / "fasttrain"))
+
+
+def _done_marker(folder: Path) -> Path:
+    return folder / ".complete"
+
+
+def write_synthetic_images(folder: Path, count: int, size: int, classes: int, seed: int) -> Path:
+    """Write ``count`` deterministic JPEGs (smooth colour fields + shapes) and a labels file.
+
+    Atomic: written into a temporary folder, renamed when complete; reused when present.
+    """
+    from PIL import Image, ImageDraw
+
+    if _done_marker(folder).exists():
+        return folder
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, size=count).tolist()
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    for i in range(count):
+        c0, c1, c2 = rng.random((3, 3)).astype(np.float32)
+        img = np.stack([c0[k] + c1[k] * xx + c2[k] * yy for k in range(3)], axis=-1)
+        img = (np.clip(img / img.max(), 0, 1) * 255).astype(np.uint8)
+        pil = Image.fromarray(img)
+        draw = ImageDraw.Draw(pil)
+        for _ in range(3):
+            x0, y0 = rng.integers(0, size, 2)
+            w, h = rng.integers(size // 8, size // 2, 2)
+            draw.ellipse([int(x0), int(y0), int(x0 + w), int(y0 + h)],
+                         fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+        pil.save(tmp / f"{i:06d}.jpg", quality=90)
+    (tmp / "labels.json").write_text(json.dumps(labels))
+    _done_marker(tmp).touch()
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process won the race; its copy is complete
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def list_images(folder: Path) -> tuple[list[Path], list[int]]:
+    """JPEG/PNG files of ``folder`` (sorted) and their labels (``labels.json`` or subfolders)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {folder} does not exist")
+    exts = {".jpg", ".jpeg", ".png"}
+    labels_file = folder / "labels.json"
+    if labels_file.exists():
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in exts)
+        labels = json.loads(labels_file.read_text())[: len(files)]
+        return files, labels
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir())  # ImageFolder layout
+    files, labels = [], []
+    for ci, cname in enumerate(classes):
+        for p in sorted((folder / cname).iterdir()):
+            if p.suffix.lower() in exts:
+                files.append(p)
+                labels.append(ci)
+    if not files:
+        raise FileNotFoundError(f"no images in {folder}")
+    return files, labels
+
+
+class ImageFiles(Dataset):
+    """JPEG decode (Pillow) + random-resized-ish crop + flip → uint8 (H, W, 3), label."""
+
+    def __init__(self, folder: Path, crop: int, seed: int = 0, extra=None):
+        self.files, self.labels = list_images(folder)
+        self.crop, self.seed, self.epoch = crop, seed, 0
+        self.extra = extra  # optional callable(index, rng) -> dict of more tensors
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def rng(self, index: int) -> np.random.Generator:
+        return np.random.default_rng((self.seed, self.epoch, index))
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        from PIL import Image
+
+        rng = self.rng(index)
+        with Image.open(self.files[index]) as im:
+            im.draft("RGB", (self.crop, self.crop))  # JPEG DCT-domain downscale when larger
+            im = im.convert("RGB")
+            w, h = im.size
+            if min(w, h) < self.crop:
+                s = self.crop / min(w, h)
+                im = im.resize((max(self.crop, round(w * s)), max(self.crop, round(h * s))))
+                w, h = im.size
+            x, y = int(rng.integers(0, w - self.crop + 1)), int(rng.integers(0, h - self.crop + 1))
+            arr = np.array(im.crop((x, y, x + self.crop, y + self.crop)))
+        if rng.random() < 0.5:
+            arr = arr[:, ::-1]
+        item = {"images": torch.from_numpy(np.ascontiguousarray(arr)),
+                "labels": torch.tensor(self.labels[index], dtype=torch.long)}
+        if self.extra is not None:
+            item.update(self.extra(index, rng))
+        return item
+
+
+def normalize_images(images: torch.Tensor, dtype: torch.dtype,
+                     channels_last: bool = False) -> torch.Tensor:
+    """uint8 (B, H, W, 3) → normalised float (B, 3, H, W) on the images' device."""
+    mean = torch.tensor(IMAGENET_MEAN, device=images.device, dtype=dtype).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=images.device, dtype=dtype).view(1, 3, 1, 1)
+    x = images.permute(0, 3, 1, 2).to(dtype).div_(255.0)
+    x = (x - mean) / std
+    return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def write_token_file(path: Path, count: int, vocab: int, seed: int) -> Path:
+    """A flat uint32 token memmap with a learnable structure (a noisy order-1 chain)."""
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    step = rng.integers(1, vocab, size=count, dtype=np.int64)
+    noise = rng.random(count) < 0.3
+    toks = np.empty(count, dtype=np.int64)
+    toks[0] = 0
+    jumps = np.where(noise, step, 1)
+    toks = np.cumsum(jumps) % vocab
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    toks.astype(np.uint32).tofile(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+class TokenWindows(Dataset):
+    """Fixed-length windows of a token memmap: input ids and next-token labels."""
+
+    def __init__(self, path: Path, seq_len: int, seed: int = 0, dtype=np.uint32):
+        self.tokens = np.memmap(path, dtype=dtype, mode="r")
+        self.seq_len, self.seed = seq_len, seed
+        self.n = (len(self.tokens) - 1) // seq_len
+        if self.n < 1:
+            raise ValueError(f"token file {path} is shorter than one window of {seq_len + 1}")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        start = index * self.seq_len
+        chunk = torch.from_numpy(self.tokens[start:start + self.seq_len + 1].astype(np.int64))
+        return {"input_ids": chunk[:-1], "labels": chunk[1:]}
