@@ -1,0 +1,159 @@
+"""Command line: parse, call the library, render. User mistakes are one line, exit status 2."""
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import json
+import sys
+from pathlib import Path
+
+from .errors import FasttrainError
+
+
+def _literal(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _options(items: list[str] | None) -> dict:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise FasttrainError(f"--opt expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = _literal(v.strip())
+    return out
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workload", nargs="?", default="vit",
+                   help="vit | swin | sd | llama | package.module:factory (default vit)")
+    p.add_argument("--size", default=None, help="tiny | base | large (default: base on CUDA, "
+                   "tiny on CPU)")
+    p.add_argument("--batch", type=int, default=None, help="samples per optimizer step")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps (default 5)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--recipe", default=None, help="TOML recipe file")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a switch")
+    p.add_argument("--opt", action="append", metavar="KEY=VALUE", help="workload option")
+    p.add_argument("--data", default=None, help="your image folder or token file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fasttrain", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    lad = sub.add_parser("ladder", help="measure cumulative speed-up rungs, each with parity")
+    _common(lad)
+    lad.add_argument("--rungs", default="default",
+                     help="comma-separated rung names, or 'default'")
+    lad.add_argument("--out", default="out", help="folder for the JSONL rows (default out/)")
+    lad.add_argument("--peer", action="store_true",
+                     help="also run the public-code peer (bf16 + fused AdamW + compile)")
+    lad.add_argument("--rung-timeout", type=float, default=None, help="seconds per rung")
+    tr = sub.add_parser("train", help="one measured run of a recipe; prints its row")
+    _common(tr)
+    rep = sub.add_parser("report", help="render result rows (JSONL) as a table")
+    rep.add_argument("rows", nargs="+")
+    rep.add_argument("--markdown", action="store_true")
+    sub.add_parser("workloads", help="list the registered workloads")
+    return parser
+
+
+def _device(arg: str) -> str:
+    import torch
+
+    if arg == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if arg.startswith("cuda") and not torch.cuda.is_available():
+        raise FasttrainError("--device cuda: CUDA is not available on this machine")
+    return arg
+
+
+def _base_recipe(args):
+    from .recipe import Recipe, load_toml, parse_sets
+
+    base = load_toml(args.recipe) if args.recipe else Recipe()
+    sets = parse_sets(args.set)
+    if args.batch is not None:
+        sets["batch"] = str(args.batch)
+    return base.replace(**sets) if sets else base
+
+
+def cmd_ladder(args) -> int:
+    from .ladder.runner import LadderSpec
+    from .report.live import run_with_progress
+
+    device = _device(args.device)
+    size = args.size or ("base" if device.startswith("cuda") else "tiny")
+    if args.steps < 1 or args.warmup < 0:
+        raise FasttrainError("--steps must be >= 1 and --warmup >= 0")
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = args.workload.replace(":", "_").replace(".", "_")
+    out = Path(args.out) / f"ladder-{name}-{size}-{stamp}.jsonl"
+    rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
+    base = _base_recipe(argparse.Namespace(recipe=None, set=args.set, batch=args.batch))
+    extra = []
+    if args.recipe:  # the file is measured as its own rung against the fp32 baseline
+        extra.append((Path(args.recipe).stem, _base_recipe(args)))
+        if rungs == ["default"]:
+            rungs = ["fp32"]
+    spec = LadderSpec(workload=args.workload, size=size, rungs=rungs, base=base,
+                      steps=args.steps, warmup=args.warmup, device=device, data=args.data,
+                      options=_options(args.opt), out=out, peer=args.peer,
+                      rung_timeout=args.rung_timeout, extra_rungs=extra)
+    rows = run_with_progress(spec)
+    print(f"rows: {out}")
+    bad = [r for r in rows if r.get("kind") == "ladder" and (
+        r.get("error") or (r.get("parity") or {}).get("passed") is False)]
+    return 1 if bad else 0
+
+
+def cmd_train(args) -> int:
+    from .run.loop import train
+    from .workloads import load_workload
+
+    device = _device(args.device)
+    size = args.size or ("base" if device.startswith("cuda") else "tiny")
+    recipe = _base_recipe(args)
+    wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **_options(args.opt))
+    res = train(wl, recipe, steps=args.steps, warmup=args.warmup, device=device)
+    print(json.dumps({"workload": args.workload, "size": size, "recipe": recipe.to_dict(),
+                      **res.to_row()}, indent=1))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from rich.console import Console
+
+    from .report.table import load_rows, markdown_table, rich_table
+
+    for path in args.rows:
+        if not Path(path).is_file():
+            raise FasttrainError(f"no such rows file: {path}")
+        rows = load_rows(path)
+        if args.markdown:
+            print(markdown_table(rows, link=path))
+        else:
+            Console().print(rich_table(rows, title=path))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "workloads":
+            from .workloads import REGISTRY
+            for name, target in REGISTRY.items():
+                print(f"{name:8s} {target}")
+            return 0
+        return {"ladder": cmd_ladder, "train": cmd_train, "report": cmd_report}[args.command](args)
+    except FasttrainError as err:
+        print(f"fasttrain: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fasttrain: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,63 @@
+"""Named rungs. The default ladder follows the source (seeds/000): fp32 → tf32 → mixed precision
+→ data loader → fused optimizer → flash attention → side-stream EMA → compile → CUDA graphs.
+Each rung is the previous recipe plus its changes (cumulative)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import FasttrainError
+from ..recipe import Recipe
+from ..workloads.base import Workload
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    changes: dict[str, Any]
+    comment: str
+    when: str = "always"  # always | ema (only where the workload keeps an EMA)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def default_workers() -> int:
+    """Enough loader processes to feed a GPU without starving the training process."""
+    return max(1, min(12, (os.cpu_count() or 2) - 2))
+
+
+def default_rungs(workload: Workload) -> list[Rung]:
+    scope = getattr(workload, "compile_scope", "model")
+    return [
+        Rung("fp32", {"precision": "fp32", "attention": "math", "optimizer_impl": "forloop"},
+             "baseline: strict fp32, plain attention, for-loop AdamW, no loader workers"),
+        Rung("tf32", {"precision": "tf32"}, "TF32 tensor-core matmuls (the source's baseline)"),
+        Rung("bf16", {"precision": "bf16-mixed"}, "bf16 autocast"),
+        Rung("dataloader", {"workers": default_workers(), "pin_memory": True,
+                            "non_blocking": True}, "loader workers, pinned memory, async copies"),
+        Rung("fused-optim", {"optimizer_impl": "fused"}, "fused AdamW"),
+        Rung("flash-attn", {"attention": "auto"}, "fused SDPA attention (flash where it can)"),
+        Rung("ema-stream", {"ema": "side-stream"}, "foreach EMA on a side CUDA stream",
+             when="ema"),
+        Rung("compile", {"compile": scope}, f"torch.compile ({scope})"),
+        Rung("cuda-graphs", {"cuda_graphs": True}, "whole-step CUDA graph"),
+    ]
+
+
+RUNG_SETS = {"default": default_rungs}
+
+
+def build_ladder(workload: Workload, names: list[str] | None, base: Recipe) -> list[tuple[Rung, Recipe]]:
+    """(rung, cumulative recipe) pairs; ``names`` picks a subset in order (cumulative over it)."""
+    rungs = [r for r in default_rungs(workload) if r.when == "always" or workload.has_ema]
+    if names and names != ["default"]:
+        by_name = {r.name: r for r in default_rungs(workload)}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise FasttrainError(f"unknown rung {unknown[0]!r}: use {', '.join(by_name)}")
+        rungs = [by_name[n] for n in names]
+    out, recipe = [], base
+    for rung in rungs:
+        recipe = recipe.replace(**rung.changes)
+        out.append((rung, recipe))
+    return out

@@ -1,0 +1,160 @@
+"""Run a ladder: each rung in its own process, rows appended as they finish, parity vs fp32."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..env import environment
+from ..recipe import Recipe
+from ..run.parity import compare
+from ..techniques import unmet_requirements
+from ..workloads import load_workload
+from .rungs import build_ladder
+
+
+@dataclass
+class LadderSpec:
+    """What to run: the workload, which rungs, how long, where the rows go."""
+
+    workload: str = "vit"
+    size: str = "tiny"
+    rungs: list[str] | None = None
+    base: Recipe = field(default_factory=Recipe)
+    steps: int = 20
+    warmup: int = 5
+    device: str = "cpu"
+    data: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    out: Path | None = None
+    peer: bool = False
+    rung_timeout: float | None = None
+    extra_rungs: list[tuple[str, Recipe]] = field(default_factory=list)
+
+
+def append_row(path: Path, row: dict) -> None:
+    """One JSON line, flushed and fsynced: a crash later never loses a finished row."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _run_child(module: str, args: list[str], timeout: float | None, log: Path) -> str | None:
+    """Run ``python -m module args``; returns an error line or None."""
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    with open(log, "w") as logf:
+        try:
+            proc = subprocess.run([sys.executable, "-m", module, *args], stdout=logf,
+                                  stderr=subprocess.STDOUT, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout:.0f} s"
+    if proc.returncode != 0:
+        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:]
+        return f"process exited with {proc.returncode}: {tail[0][:200] if tail else ''}"
+    return None
+
+
+def run_rung(spec: LadderSpec, name: str, recipe: Recipe, workdir: Path) -> dict:
+    child = {"workload": spec.workload, "size": spec.size, "data": spec.data,
+             "options": spec.options, "recipe": recipe.to_dict(), "steps": spec.steps,
+             "warmup": spec.warmup, "device": spec.device}
+    spec_path, row_path = workdir / f"{name}.spec.json", workdir / f"{name}.row.json"
+    spec_path.write_text(json.dumps(child))
+    err = _run_child("fasttrain.ladder.child", [str(spec_path), str(row_path)],
+                     spec.rung_timeout, workdir / f"{name}.log")
+    row = json.loads(row_path.read_text()) if row_path.exists() else {}
+    if err and not row.get("error"):
+        row["error"] = err
+    return row
+
+
+def finish_row(row: dict, ref: dict | None, precision: str) -> dict:
+    """Parity against the reference rung; TFLOP/s from the reference's FLOP count."""
+    if row.get("error") or row.get("skipped") or not ref or ref.get("error"):
+        return row
+    row["parity"] = compare(row["losses"], ref["losses"], precision)
+    if ref.get("model_flops"):
+        flops = ref["model_flops"] * row["batch"] / ref["batch"]
+        row["probe_flops"], row["model_flops"] = row.get("model_flops"), flops
+        row["tflops"] = flops / row["step_time_s"] / 1e12
+        if row.get("mfu") is not None and row.get("probe_flops"):
+            row["mfu"] = row["mfu"] * flops / row["probe_flops"]
+    row["speedup"] = ref["step_time_s"] / row["step_time_s"] * row["batch"] / ref["batch"]
+    return row
+
+
+def _plan(spec: LadderSpec):
+    wl = load_workload(spec.workload, spec.size, seed=spec.base.seed, data=spec.data,
+                       **spec.options)
+    plan = [(r.name, r.comment, rec) for r, rec in build_ladder(wl, spec.rungs, spec.base)]
+    plan += [(name, "user recipe", rec) for name, rec in spec.extra_rungs]
+    if any(rec.cuda_graphs for _, _, rec in plan):
+        spec.warmup = max(spec.warmup, 4)  # 3 eager steps + capture; same for every rung
+    return wl, plan
+
+
+def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None = None,
+               on_start: Callable[[str, int, int], None] | None = None) -> list[dict]:
+    """Run every rung (and the peer); returns the rows, also appended to ``spec.out``."""
+    wl, plan = _plan(spec)
+    env = environment(spec.device)
+    rows, ref = [], None
+    with tempfile.TemporaryDirectory(prefix="fasttrain-ladder-") as tmp:
+        workdir = Path(tmp)
+        for i, (name, comment, recipe) in enumerate(plan):
+            if on_start:
+                on_start(name, i, len(plan))
+            base = {"kind": "ladder", "workload": spec.workload, "size": spec.size, "rung": name,
+                    "comment": comment, "recipe": recipe.to_dict(), "parity": None}
+            unmet = unmet_requirements(recipe, spec.device.split(":")[0])
+            t0 = time.perf_counter()
+            row = {"skipped": "; ".join(unmet), "error": None} if unmet else run_rung(
+                spec, name, recipe, workdir)
+            row = {**base, **row, "wall_s": time.perf_counter() - t0, "env": env}
+            if ref is None and not row.get("error") and not row.get("skipped"):
+                ref = row
+            row = finish_row(row, ref, recipe.precision) if row is not ref else finish_row(
+                row, ref, "fp32")
+            rows.append(row)
+            if spec.out:
+                append_row(spec.out, row)
+            if on_row:
+                on_row(row, i, len(plan))
+        if spec.peer:
+            rows.append(_peer_row(spec, wl, env, workdir, ref, on_start, on_row, len(plan)))
+    return rows
+
+
+def _peer_row(spec, wl, env, workdir, ref, on_start, on_row, n) -> dict:
+    if on_start:
+        on_start("peer", n, n + 1)
+    out = workdir / "peer.jsonl"
+    batch = spec.base.batch or wl.default_batch
+    args = [spec.workload, "--size", spec.size, "--batch", str(batch), "--steps",
+            str(spec.steps), "--warmup", str(spec.warmup), "--out", str(out)]
+    if spec.device == "cpu":
+        args += ["--device", "cpu"]
+    err = _run_child("fasttrain.peers", args, spec.rung_timeout, workdir / "peer.log")
+    lines = out.read_text().splitlines() if out.exists() else []
+    row = json.loads(lines[-1]) if lines else {"kind": "peer", "workload": spec.workload,
+                                                "size": spec.size, "rung": "peer"}
+    if err and not row.get("error"):
+        row["error"] = err
+    row["env"] = env
+    if ref and not row.get("error"):
+        row["speedup"] = ref["step_time_s"] / row["step_time_s"] * row["batch"] / ref["batch"]
+    if spec.out:
+        append_row(spec.out, row)
+    if on_row:
+        on_row(row, n, n + 1)
+    return row

@@ -1,0 +1,118 @@
+"""Peer rungs: "PyTorch best practice" on the public model code a user would otherwise run.
+
+``run_peer("vit")`` builds timm's ``vit_base_patch16_224`` (random weights, synthetic batch on the
+device), trains it with bf16 autocast + fused AdamW + ``torch.compile`` and returns one result
+row (``kind: "peer"``, DESIGN.md "Result rows"). The recipes of the TARGETS.md table are
+selectable by ``peer_recipe``: ``fp32``, ``tf32``, ``bf16``, ``bf16+compile``. Errors (a missing
+package, CUDA OOM, a compile failure) come back as a row with ``error`` set; nothing raises.
+The caller adds ``env``.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+# workload → (module, default peer recipe, what it is)
+PEERS: dict[str, tuple[str, str, str]] = {
+    "vit": ("timm_peers", "bf16+compile", "timm vit_base_patch16_224 / vit_large_patch16_224"),
+    "swin": ("timm_peers", "bf16+compile", "timm swin_base_patch4_window7_224 / swin_large_patch4_window7_224"),
+    "sd": ("diffusers_peer", "bf16+compile", "diffusers SD v1 UNet + CLIP text encoder + VAE encoder, EMA"),
+    "llama": ("hf_llama_peer", "bf16+compile", "transformers LlamaForCausalLM, Llama-3.2-1B shapes, sdpa"),
+    # TARGETS.md: Liger's kernels fail under torch.compile, so its peer runs eager.
+    "llama-liger": ("hf_llama_peer", "bf16", "the llama peer + Liger-Kernel (rope, rms_norm, swiglu, FLCE)"),
+}
+
+ROW_KEYS = (
+    "kind", "peer", "workload", "size", "rung", "recipe", "batch", "steps", "step_time_s",
+    "step_time_min_s", "step_time_max_s", "throughput", "throughput_unit", "peak_allocated_gib",
+    "peak_reserved_gib", "model_flops", "tflops", "mfu", "warmup_s", "losses", "parity",
+    "applied", "error",
+)
+
+
+def list_peers() -> dict[str, str]:
+    """Peer workload names and what each runs."""
+    return {name: what for name, (_, _, what) in PEERS.items()}
+
+
+def _builder(workload: str) -> Callable:
+    return importlib.import_module(f"{__name__}.{PEERS[workload][0]}").build
+
+
+def _one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    msg = lines[0] if lines else ""
+    name = type(err).__name__
+    if name == "PeerUnavailable" or msg.startswith("CUDA out of memory"):
+        return msg[:300]
+    return f"{name}: {msg}"[:300]
+
+
+def run_peer(workload: str, size: str = "base", batch: int | None = None, steps: int = 20,
+             warmup: int = 5, peer_recipe: str | None = None, device: str | None = None,
+             tiny: bool = False, compile_on_cpu: bool = False, seed: int = 0) -> dict:
+    """Train one peer for ``warmup`` + ``steps`` steps and return its result row (never raises).
+
+    ``peer_recipe`` defaults to the workload's best practice ("bf16+compile"; "bf16" for
+    llama-liger). ``tiny`` builds miniatures of the same public classes; on CPU they run eager
+    unless ``compile_on_cpu``.
+    """
+    import torch
+
+    from .loop import RECIPES, measure, precision_flags
+
+    peer_recipe = peer_recipe or (PEERS[workload][1] if workload in PEERS else "bf16+compile")
+    row = dict.fromkeys(ROW_KEYS)
+    row.update(kind="peer", peer=f"{workload} {peer_recipe}", workload=workload,
+               size="tiny" if tiny else size, rung=f"peer {peer_recipe}", batch=batch, steps=steps,
+               applied={}, recipe={"peer_recipe": peer_recipe})
+    try:
+        if workload not in PEERS:
+            raise ValueError(f"unknown peer workload {workload!r} (known: {', '.join(PEERS)})")
+        if peer_recipe not in RECIPES:
+            raise ValueError(f"unknown peer_recipe {peer_recipe!r} (known: {', '.join(RECIPES)})")
+        if steps < 1 or warmup < 0:
+            raise ValueError("steps must be ≥ 1 and warmup ≥ 0")
+        recipe = RECIPES[peer_recipe]
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        compile_ = recipe.compile and (dev.type != "cpu" or compile_on_cpu)
+        torch.manual_seed(seed)
+        with precision_flags(recipe):
+            spec = _builder(workload)(workload, size, batch, dev, tiny, recipe)
+            row.update(peer=f"{spec.public} {peer_recipe}", batch=spec.batch)
+            row["recipe"] = _recipe_dict(recipe, spec, dev, compile_, warmup, seed)
+            measured = measure(spec, recipe, dev, steps, warmup, compile_)
+        row["recipe"]["compiled_modules"] = measured.pop("compiled")
+        row["recipe"]["patched"] = measured.pop("prepared")
+        row.update(measured)
+    except Exception as err:  # noqa: BLE001 — an error is a row, never an abort
+        row["error"] = _one_line(err)
+    return row
+
+
+def _recipe_dict(recipe, spec, device, compile_: bool, warmup: int, seed: int) -> dict:
+    """What the peer did, in words a reader can check against TARGETS.md."""
+    from .loop import LR, WEIGHT_DECAY
+
+    out = {
+        "peer_recipe": recipe.name,
+        "public_code": spec.public,
+        "device": str(device),
+        "tf32": recipe.tf32,
+        "autocast": "bfloat16" if recipe.autocast else None,
+        "params_dtype": "float32",
+        "optimizer": {"name": "AdamW", "lr": LR, "weight_decay": WEIGHT_DECAY,
+                      "fused": recipe.fused_adam, "foreach": None if recipe.fused_adam else "default"},
+        "clip_grad_norm": 1.0,
+        "zero_grad": "set_to_none",
+        "compile": compile_,
+        "ema": None,
+        "warmup_steps": warmup,
+        "seed": seed,
+        "model": spec.info,
+    }
+    if recipe.compile and not compile_:
+        out["compile_skipped"] = "cpu (pass compile_on_cpu=True to compile)"
+    if spec.ema_decay is not None:
+        out["ema"] = {"decay": spec.ema_decay, "foreach_lerp": recipe.foreach_ema}
+    return out

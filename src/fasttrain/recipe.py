@@ -1,0 +1,196 @@
+"""Recipe: every switch of a training run in one frozen, typed, validated dataclass.
+
+Recipes come from code (presets derive from the base with ``replace``), from TOML files, and
+from ``--set key=value`` overrides. An impossible combination is a :class:`FasttrainError`
+naming the switch — one line, never a traceback.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import FasttrainError
+
+PRECISIONS = ("fp32", "tf32", "fp16-mixed", "bf16-mixed", "bf16-true")
+ATTENTION = ("math", "flash", "efficient", "cudnn", "auto")
+OPTIMIZERS = ("adamw",)
+OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
+EMA_MODES = ("auto", "none", "per-tensor", "foreach", "side-stream")
+COMPILE = ("none", "model", "regional")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Every switch of a run. Field docstrings say what each does and what it costs."""
+
+    precision: str = "fp32"
+    """fp32 (TF32 off) | tf32 | fp16-mixed (autocast + GradScaler) | bf16-mixed | bf16-true."""
+    attention: str = "math"
+    """SDPA backend: math (plain matmul+softmax) | flash | efficient | cudnn | auto (SDPA picks).
+    A named fused backend is preferred with math as the last resort; the run reports which ran."""
+    optimizer: str = "adamw"
+    """Optimizer algorithm."""
+    optimizer_impl: str = "forloop"
+    """forloop (one kernel per tensor per op) | foreach (multi-tensor) | fused (one fused kernel)."""
+    lr: float = 1e-4
+    """Learning rate (constant)."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay."""
+    grad_clip: float = 1.0
+    """clip_grad_norm_ max norm; 0 turns clipping off."""
+    ema: str = "auto"
+    """EMA of the trainable weights: auto (the workload's reference: per-tensor where it keeps an
+    EMA, else none) | none | per-tensor | foreach | side-stream (foreach on its own CUDA stream)."""
+    ema_decay: float = 0.9999
+    """EMA decay."""
+    workers: int = 0
+    """DataLoader worker processes (0 = load in the training process)."""
+    pin_memory: bool = False
+    """Page-locked host batches, so host→device copies can be asynchronous."""
+    non_blocking: bool = False
+    """Asynchronous host→device copies (effective with pin_memory)."""
+    prefetch_factor: int = 2
+    """Batches each worker prepares ahead."""
+    compile: str = "none"
+    """torch.compile: none | model (whole model) | regional (each repeated block; faster warm-up)."""
+    compile_mode: str = "default"
+    """torch.compile mode."""
+    compile_backend: str = "inductor"
+    """torch.compile backend (eager / aot_eager are for debugging and tests)."""
+    cuda_graphs: bool = False
+    """Capture the whole training step (forward, backward, clip, optimizer) in one CUDA graph."""
+    channels_last: bool = False
+    """NHWC memory format for convolution workloads."""
+    accumulation: int = 1
+    """Micro-batches per optimizer step; ``batch`` is split into this many equal parts."""
+    batch: int = 0
+    """Samples per optimizer step (0 = the workload's default)."""
+    seed: int = 0
+    """Seed for weights and data order; every rung of a ladder uses the same."""
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "Recipe":
+        return with_overrides(self, changes)
+
+    @property
+    def mixed(self) -> bool:
+        return self.precision.endswith("-mixed")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise FasttrainError(f"recipe: {name}={value!r} is not one of {', '.join(allowed)}")
+
+
+def validate(r: Recipe) -> None:
+    """One-line errors for values and combinations that cannot work."""
+    _choice("precision", r.precision, PRECISIONS)
+    _choice("attention", r.attention, ATTENTION)
+    _choice("optimizer", r.optimizer, OPTIMIZERS)
+    _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
+    _choice("ema", r.ema, EMA_MODES)
+    _choice("compile", r.compile, COMPILE)
+    _choice("compile_mode", r.compile_mode, COMPILE_MODES)
+    for name in ("workers", "batch"):
+        if getattr(r, name) < 0:
+            raise FasttrainError(f"recipe: {name} must be >= 0, got {getattr(r, name)}")
+    if r.accumulation < 1:
+        raise FasttrainError(f"recipe: accumulation must be >= 1, got {r.accumulation}")
+    if r.batch and r.batch % r.accumulation:
+        raise FasttrainError(
+            f"recipe: batch={r.batch} is not divisible by accumulation={r.accumulation}")
+    if r.lr <= 0 or r.grad_clip < 0 or not 0.0 <= r.ema_decay < 1.0:
+        raise FasttrainError("recipe: lr must be > 0, grad_clip >= 0 and 0 <= ema_decay < 1")
+    if r.prefetch_factor < 1:
+        raise FasttrainError("recipe: prefetch_factor must be >= 1")
+    if r.cuda_graphs and r.precision == "fp16-mixed":
+        raise FasttrainError("recipe: cuda_graphs cannot capture fp16-mixed (GradScaler syncs "
+                             "with the host); use bf16-mixed")
+    if r.cuda_graphs and r.accumulation != 1:
+        raise FasttrainError("recipe: cuda_graphs captures one micro-batch per step; "
+                             "set accumulation=1")
+    if r.cuda_graphs and r.compile_mode in ("reduce-overhead", "max-autotune"):
+        raise FasttrainError(f"recipe: cuda_graphs with compile_mode={r.compile_mode} would "
+                             "capture graphs twice; use default or max-autotune-no-cudagraphs")
+
+
+def _coerce(name: str, raw: Any, kind: type) -> Any:
+    if isinstance(raw, kind) and not (kind is int and isinstance(raw, bool)):
+        return raw
+    if not isinstance(raw, str):
+        if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
+            return float(raw)
+        raise FasttrainError(f"recipe: {name} expects {kind.__name__}, got {raw!r}")
+    text = raw.strip()
+    try:
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        return kind(text)
+    except ValueError:
+        raise FasttrainError(f"recipe: {name} expects {kind.__name__}, got {raw!r}") from None
+
+
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+def with_overrides(base: Recipe, changes: dict[str, Any]) -> Recipe:
+    """A new recipe with ``changes`` applied (values may be strings, as from ``--set``)."""
+    known = {f.name: _TYPES[str(f.type)] for f in fields(Recipe)}
+    clean: dict[str, Any] = {}
+    for key, raw in changes.items():
+        key = key.replace("-", "_")
+        if key not in known:
+            raise FasttrainError(f"recipe: unknown switch {key!r}")
+        clean[key] = _coerce(key, raw, known[key])
+    return dataclasses.replace(base, **clean)
+
+
+def parse_sets(items: list[str] | None) -> dict[str, str]:
+    """``["precision=bf16-mixed", "workers=4"]`` → dict; one-line error on a malformed item."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise FasttrainError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def load_toml(path: str | Path, base: Recipe | None = None) -> Recipe:
+    """A recipe from a TOML file: top-level keys, or a ``[recipe]`` table."""
+    p = Path(path)
+    if not p.is_file():
+        raise FasttrainError(f"recipe file {p} does not exist")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise FasttrainError(f"recipe file {p}: {err}") from None
+    data = data.get("recipe", data)
+    return with_overrides(base or Recipe(), data)
+
+
+def to_toml(recipe: Recipe, comment: str = "") -> str:
+    """TOML text of the switches that differ from the base recipe."""
+    lines = [f"# {line}" for line in comment.splitlines()] if comment else []
+    lines.append("[recipe]")
+    default = Recipe()
+    for f in fields(Recipe):
+        value = getattr(recipe, f.name)
+        if value != getattr(default, f.name):
+            text = ("true" if value else "false") if isinstance(value, bool) else (
+                f'"{value}"' if isinstance(value, str) else repr(value))
+            lines.append(f"{f.name} = {text}")
+    return "\n".join(lines) + "\n"

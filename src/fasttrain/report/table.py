@@ -1,0 +1,76 @@
+"""The ladder table: rung, batch, ms/step, throughput, peak memory, TFLOP/s, MFU, speed-up,
+parity, and what the rung did — rendered from rows only."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+COLUMNS = ("rung", "batch", "ms/step", "throughput", "peak GiB", "TFLOP/s", "MFU",
+           "speed-up", "parity", "comment")
+
+
+def _num(x, fmt: str) -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def _parity(row: dict) -> str:
+    p = row.get("parity")
+    if not p:
+        return "ref" if row.get("kind") == "ladder" and not row.get("error") and not row.get(
+            "skipped") else "–"
+    dev = p.get("max_rel_dev")
+    mark = "✓" if p.get("passed") else "✗"
+    return f"{mark} {dev:.1e}" if dev is not None else f"{mark} {p.get('reason', '')}"
+
+
+def _throughput(row: dict) -> str:
+    t = row.get("throughput")
+    if t is None:
+        return "–"
+    return (f"{t / 1000:,.1f} k" if t >= 10_000 else f"{t:,.1f}") + f" {row.get('throughput_unit', '')}"
+
+
+def row_cells(row: dict) -> list[str]:
+    name = row.get("rung") or "?"
+    if row.get("kind") == "peer":
+        name = f"peer: {row.get('peer', 'public code')}"
+    if row.get("error"):
+        return [name, str(row.get("batch", "–")), "–", "–", "–", "–", "–", "–", "✗",
+                f"error: {row['error']}"]
+    if row.get("skipped"):
+        return [name, "–", "–", "–", "–", "–", "–", "–", "–", f"skipped: {row['skipped']}"]
+    warn = row.get("warnings") or []
+    comment = row.get("comment", "") + (f" [{'; '.join(warn)}]" if warn else "")
+    return [name, str(row.get("batch")), _num(row.get("step_time_s") and row["step_time_s"] * 1e3, ",.1f"),
+            _throughput(row), _num(row.get("peak_allocated_gib"), ".1f"),
+            _num(row.get("tflops"), ",.1f" if (row.get("tflops") or 0) >= 1 else ".2g"), _num(row.get("mfu") and row["mfu"] * 100, ".1f") +
+            ("%" if row.get("mfu") else ""), _num(row.get("speedup"), ".2f") +
+            ("×" if row.get("speedup") else ""), _parity(row), comment]
+
+
+def rich_table(rows: list[dict], title: str | None = None) -> Table:
+    table = Table(title=title, header_style="bold")
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col in ("rung", "comment", "parity") else "right",
+                         overflow="fold")
+    for row in rows:
+        style = "red" if row.get("error") or (row.get("parity") or {}).get("passed") is False else (
+            "dim" if row.get("skipped") else None)
+        table.add_row(*row_cells(row), style=style)
+    return table
+
+
+def markdown_table(rows: list[dict], link: str | None = None) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        cells = [c.replace("|", "/") for c in row_cells(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if link:
+        lines.append(f"\nRows: [{link}]({link})")
+    return "\n".join(lines)
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

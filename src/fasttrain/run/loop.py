@@ -1,0 +1,239 @@
+"""The timed training loop: build, apply the recipe's techniques, warm up, measure.
+
+One call of :func:`train` is one measured run: the model is built on the target device under the
+recipe's seed, the techniques are applied in phase order, an eager *probe step* counts the model
+FLOPs (FlopCounterMode) and records which attention kernel ran, then ``warmup`` steps (compile,
+capture, allocator warm-up) and ``steps`` timed steps follow. Phases are timed with CUDA events
+(no per-op synchronisation); losses stay on the device until the end.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..env import device_peak
+from ..errors import FasttrainError
+from ..recipe import Recipe
+from ..techniques import TrainState, apply_all, unmet_requirements
+from ..techniques import attention as attn
+from ..techniques.compile import graph_stats
+from ..workloads.base import Batch, Workload
+from .data import make_loader, to_device
+from .graphs import GraphedStep
+from .timer import PhaseTimer
+
+GIB = 1024 ** 3
+
+
+@dataclass
+class RunResult:
+    """What one run measured: the row of DESIGN.md minus workload/rung/env/parity."""
+
+    batch: int
+    steps: int
+    step_time_s: float
+    step_time_min_s: float
+    step_time_max_s: float
+    throughput: float
+    throughput_unit: str
+    peak_allocated_gib: float | None
+    peak_reserved_gib: float | None
+    model_flops: float | None
+    tflops: float | None
+    mfu: float | None
+    warmup_s: float
+    losses: list[float]
+    phases_s: dict[str, float]
+    data_wait_host_s: float
+    applied: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+    compile: dict[str, int] | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise FasttrainError("device cuda asked for, but CUDA is not available")
+    return dev
+
+
+def _seed(seed: int) -> None:
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def _probe(state: TrainState, batch: Batch, count: int) -> tuple[float | None, str]:
+    """One eager forward+backward: model FLOPs and the attention kernels that ran."""
+    reasons = attn.FallbackReasons(state.recipe.attention)
+    acts = [ProfilerActivity.CPU]
+    with FlopCounterMode(display=False) as flops, profile(activities=acts) as prof, reasons:
+        with state.step_context():
+            loss = state.workload.loss(state.model, batch) / count
+        loss.backward()
+    for p in state.model.parameters():
+        p.grad = None
+    line, fell_back = attn.verdict(state.recipe.attention, attn.kernels_from_profile(prof),
+                                   reasons.reasons)
+    if fell_back:
+        state.warn("attention", line)
+    return float(flops.get_total_flops()), line
+
+
+class _Stepper:
+    """One optimizer step over k micro-batches, with phase marks."""
+
+    def __init__(self, state: TrainState, timer: PhaseTimer, count: int):
+        self.s, self.timer, self.count = state, timer, count
+        self.params = [p for p in state.trainable.parameters() if p.requires_grad]
+        self.graphed = GraphedStep(self._core, state.optimizer) if state.recipe.cuda_graphs else None
+
+    def _core(self, batch: Batch) -> torch.Tensor:
+        """Graph body: the whole step on one micro-batch (no host syncs)."""
+        s = self.s
+        with s.step_context():
+            loss = s.workload.loss(s.model, batch) / self.count
+        loss.backward()
+        if s.recipe.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.params, s.recipe.grad_clip)
+        s.optimizer.step()
+        return loss.detach()
+
+    def __call__(self, micro: list[Batch]) -> torch.Tensor:
+        s, t = self.s, self.timer
+        if self.graphed is not None:
+            if s.ema is not None:
+                s.ema.before_optimizer()
+            t.mark("graph")
+            loss = self.graphed(micro[0])
+        else:
+            loss = self._eager(micro)
+        if s.ema is not None:
+            t.mark("ema")
+            s.ema.update()
+        return loss
+
+    def _eager(self, micro: list[Batch]) -> torch.Tensor:
+        s, t = self.s, self.timer
+        total = None
+        for mb in micro:
+            t.mark("forward")
+            with s.step_context():
+                loss = s.workload.loss(s.model, mb) / self.count
+            t.mark("backward")
+            (s.scaler.scale(loss) if s.scaler else loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        if s.recipe.grad_clip:
+            t.mark("clip")
+            if s.scaler:
+                s.scaler.unscale_(s.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.params, s.recipe.grad_clip)
+        t.mark("optimizer")
+        if s.ema is not None:
+            s.ema.before_optimizer()
+        if s.scaler:
+            s.scaler.step(s.optimizer)
+            s.scaler.update()
+        else:
+            s.optimizer.step()
+        s.optimizer.zero_grad(set_to_none=True)
+        return total
+
+
+def prepare(workload: Workload, recipe: Recipe, device: torch.device):
+    """Build the model and apply every technique; returns (state, dataset, probe line, flops)."""
+    unmet = unmet_requirements(recipe, device.type)
+    if unmet:
+        raise FasttrainError("; ".join(unmet))
+    _seed(recipe.seed)
+    with torch.device(device):
+        model = workload.build_model()
+    model.train()
+    batch = recipe.batch or workload.default_batch
+    if batch % recipe.accumulation:
+        raise FasttrainError(f"batch {batch} is not divisible by accumulation {recipe.accumulation}")
+    state = TrainState(recipe=recipe, workload=workload, device=device, model=model,
+                       trainable=workload.trainable(model),
+                       micro_batch=batch // recipe.accumulation)
+    apply_all(state, upto=attn.TECHNIQUE.phase)  # layout, precision, attention backend
+    dataset = workload.dataset()
+    probe_batch = to_device(workload.collate([dataset[i] for i in range(state.micro_batch)]),
+                            device, False)
+    flops, line = _probe(state, probe_batch, workload.count(probe_batch))
+    state.applied["attention"] = f"{state.applied.get('attention', '')}; {line}".lstrip("; ")
+    apply_all(state, after=attn.TECHNIQUE.phase)  # compile, optimizer, EMA, loader, graphs
+    return state, dataset, flops * recipe.accumulation
+
+
+def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
+          device: str | torch.device | None = None) -> RunResult:
+    """Run ``warmup`` + ``steps`` optimizer steps of ``workload`` under ``recipe``; measure."""
+    dev = resolve_device(device)
+    if recipe.cuda_graphs:
+        warmup = max(warmup, 4)  # 3 eager steps, then capture + first replay
+    state, dataset, flops = prepare(workload, recipe, dev)
+    try:
+        return _measure(state, dataset, flops, steps, warmup)
+    finally:
+        state.restore.close()
+
+
+def _measure(state: TrainState, dataset, flops, steps: int, warmup: int) -> RunResult:
+    dev, wl, r = state.device, state.workload, state.recipe
+    loader = make_loader(wl, state.micro_batch, r.seed, dataset=dataset, **state.loader_kwargs)
+    it, timer = iter(loader), PhaseTimer(dev)
+    stepper, losses, host_wait, count = None, [], 0.0, 0
+    t0 = time.perf_counter()
+    for i in range(warmup + steps):
+        if i == warmup:
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats(dev)
+            warmup_s, host_wait = time.perf_counter() - t0, 0.0
+        timer.step()
+        timer.mark("data")
+        h0 = time.perf_counter()
+        micro = [to_device(next(it), dev, state.non_blocking) for _ in range(r.accumulation)]
+        host_wait += time.perf_counter() - h0
+        if stepper is None:
+            count = sum(wl.count(mb) for mb in micro)
+            stepper = _Stepper(state, timer, count)
+        losses.append(stepper(micro))
+    timer.finish()
+    if warmup == 0:
+        warmup_s = 0.0
+    if state.ema is not None:
+        state.ema.synchronize()
+    totals, phases = timer.results(skip=warmup)
+    return _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait / steps)
+
+
+def _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait) -> RunResult:
+    dev, wl = state.device, state.workload
+    med = statistics.median(totals)
+    peak = device_peak(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else None
+    tflops = flops / med / 1e12 if flops else None
+    cuda = dev.type == "cuda"
+    return RunResult(
+        batch=state.micro_batch * state.recipe.accumulation, steps=len(totals),
+        step_time_s=med, step_time_min_s=min(totals), step_time_max_s=max(totals),
+        throughput=count / med, throughput_unit=f"{wl.unit}/s",
+        peak_allocated_gib=torch.cuda.max_memory_allocated(dev) / GIB if cuda else None,
+        peak_reserved_gib=torch.cuda.max_memory_reserved(dev) / GIB if cuda else None,
+        model_flops=flops, tflops=tflops,
+        mfu=(tflops * 1e12 / peak) if (tflops and peak) else None,
+        warmup_s=warmup_s, losses=[float(x) for x in torch.stack(losses).float().cpu()],
+        phases_s={k: statistics.median(v) for k, v in phases.items()},
+        data_wait_host_s=host_wait, applied=dict(state.applied), warnings=list(state.warnings),
+        compile=graph_stats() if state.recipe.compile != "none" else None)

@@ -1,0 +1,51 @@
+"""Techniques, one module per switch, applied in a fixed phase order.
+
+Order and why:
+  channels_last  before precision and compile: compile specialises on the memory format.
+  precision      before compile: bf16-true changes parameter dtypes that compile guards on.
+  attention      a per-step context; before compile so the traced graph sees the backend.
+  compile        after all module surgery, before the optimizer: the optimizer must hold the
+                 parameters that the compiled module uses (compile does not copy them).
+  optimizer      after precision (bf16-true state is bf16) and on the final parameters.
+  ema            after the optimizer, on the same parameters.
+  dataloader     independent of the model; recorded with the rest.
+  cuda_graphs    last: it captures whatever the phases above produced.
+  accumulation   consumed by the loop.
+"""
+from __future__ import annotations
+
+import importlib
+
+from ..recipe import Recipe
+from .base import Technique, TrainState
+
+_MODULES = ("channels_last", "precision", "attention", "compile", "optimizer", "ema",
+            "dataloader", "cuda_graphs", "accumulation")
+
+
+def registry() -> list[Technique]:
+    """Every technique card, in phase order."""
+    techs = [importlib.import_module(f"{__name__}.{m}").TECHNIQUE for m in _MODULES]
+    return sorted(techs, key=lambda t: t.phase)
+
+
+def unmet_requirements(recipe: Recipe, device_type: str) -> list[str]:
+    """Why this recipe cannot run on this device (empty when it can)."""
+    out = []
+    for tech in registry():
+        if tech.active(recipe) and "cuda" in tech.requires and device_type != "cuda":
+            out.append(f"{tech.name} needs CUDA")
+    return out
+
+
+def apply_all(state: TrainState, after: int = -1, upto: int = 1000) -> TrainState:
+    """Apply the active techniques whose phase lies in (after, upto], in order."""
+    for tech in registry():
+        if after < tech.phase <= upto and tech.active(state.recipe):
+            did = tech.apply(state)
+            if did:
+                state.applied[tech.name] = did
+    return state
+
+
+__all__ = ["Technique", "TrainState", "apply_all", "registry", "unmet_requirements"]

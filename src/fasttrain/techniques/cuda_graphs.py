@@ -1,0 +1,22 @@
+"""CUDA graphs: capture the whole step (forward, backward, clip, optimizer) once, replay it.
+
+When it helps: small or launch-bound steps, where the CPU cannot issue kernels as fast as the GPU
+runs them. Numerics: none. Requirements: CUDA, static shapes, no host syncs in the step (hence
+no GradScaler and a capturable optimizer), one micro-batch per step. The capture itself lives in
+run/graphs.py; this card checks and records.
+"""
+from __future__ import annotations
+
+from .base import Technique, TrainState
+
+
+def apply(state: TrainState) -> str:
+    if not state.cuda:
+        raise ValueError("cuda_graphs needs a CUDA device")
+    state.autocast_cache = False
+    return "whole step captured after warm-up; batches copied into static inputs"
+
+
+TECHNIQUE = Technique(
+    name="cuda_graphs", phase=90, summary="whole-step CUDA graph capture and replay",
+    changes_numerics=False, apply=apply, requires=("cuda",), active=lambda r: r.cuda_graphs)

@@ -1,0 +1,35 @@
+"""Data loading: worker processes, pinned host memory, asynchronous copies, prefetch.
+
+When it helps: whenever decoding and augmenting a batch on one CPU core takes longer than a GPU
+step (the source: 1.41× cumulative on SD). Numerics: none — batches are identical whatever the
+worker count, because augmentation randomness is keyed on (seed, epoch, index).
+"""
+from __future__ import annotations
+
+from .base import Technique, TrainState
+
+
+def apply(state: TrainState) -> str:
+    r = state.recipe
+    kw = {"num_workers": r.workers, "pin_memory": r.pin_memory and state.cuda}
+    if r.workers > 0:
+        kw.update(prefetch_factor=r.prefetch_factor, persistent_workers=True)
+    if r.pin_memory and not state.cuda:
+        state.warn("dataloader", "pin_memory needs CUDA; ignored")
+    state.non_blocking = r.non_blocking and state.cuda
+    if r.non_blocking and not kw["pin_memory"] and state.cuda:
+        state.warn("dataloader", "non_blocking without pin_memory copies synchronously")
+    state.loader_kwargs = kw
+    parts = [f"{r.workers} workers" if r.workers else "loading in the main process"]
+    if kw["pin_memory"]:
+        parts.append("pinned memory")
+    if state.non_blocking:
+        parts.append("non_blocking copies")
+    if r.workers:
+        parts.append(f"prefetch {r.prefetch_factor}")
+    return ", ".join(parts)
+
+
+TECHNIQUE = Technique(
+    name="dataloader", phase=80, summary="DataLoader workers, pin_memory, non_blocking",
+    changes_numerics=False, apply=apply)

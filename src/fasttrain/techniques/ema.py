@@ -1,0 +1,78 @@
+"""EMA of the trainable weights: per-tensor, foreach, or foreach on a side CUDA stream.
+
+When it helps: diffusion training keeps an EMA of the UNet; per tensor it is ~1,000 tiny kernels
+a step (the source: 8.6% of the SD step). foreach fuses them into a few multi-tensor kernels; the
+side stream (the source's "multi-stream EMA", 2.93×) overlaps them with the next forward.
+Numerics: identical to the per-tensor update (lerp with weight 1 - decay).
+
+Stream safety of the side stream: the EMA reads the weights right after the optimizer wrote them
+(it waits on an event recorded after ``optimizer.step``), and the next ``optimizer.step`` must
+not overwrite them before the EMA has read them (the main stream waits on ``done`` first). The
+forward and backward of the next step only read the weights, so they may overlap with the EMA.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Technique, TrainState
+
+
+class Ema:
+    """EMA weights of ``params``, updated in ``update()``; ``before_optimizer()`` guards reuse."""
+
+    def __init__(self, params: list[torch.Tensor], decay: float, mode: str):
+        self.params, self.decay, self.mode = params, decay, mode
+        self.shadow = [p.detach().clone() for p in params]
+        self.stream = torch.cuda.Stream(params[0].device) if mode == "side-stream" else None
+        self.done: torch.cuda.Event | None = None
+
+    @torch.no_grad()
+    def _lerp(self) -> None:
+        if self.mode == "per-tensor":
+            for s, p in zip(self.shadow, self.params):
+                s.lerp_(p, 1.0 - self.decay)
+        else:
+            torch._foreach_lerp_(self.shadow, self.params, 1.0 - self.decay)
+
+    def update(self) -> None:
+        if self.stream is None:
+            self._lerp()
+            return
+        main = torch.cuda.current_stream(self.params[0].device)
+        self.stream.wait_stream(main)  # the optimizer's writes are visible to the EMA
+        with torch.cuda.stream(self.stream):
+            self._lerp()
+            self.done = torch.cuda.Event()
+            self.done.record(self.stream)
+
+    def before_optimizer(self) -> None:
+        """The optimizer may overwrite the weights only after the EMA has read them."""
+        if self.done is not None:
+            torch.cuda.current_stream(self.params[0].device).wait_event(self.done)
+
+    def synchronize(self) -> None:
+        self.before_optimizer()
+
+
+def resolve_mode(state: TrainState) -> str:
+    mode = state.recipe.ema
+    if mode == "auto":
+        return "per-tensor" if state.workload.has_ema else "none"
+    return mode
+
+
+def apply(state: TrainState) -> str | None:
+    mode = resolve_mode(state)
+    if mode == "none":
+        return "no EMA"
+    params = [p for p in state.trainable.parameters() if p.requires_grad]
+    if mode == "side-stream" and not state.cuda:
+        state.warn("ema", "side-stream needs CUDA; using foreach on the main stream")
+        mode = "foreach"
+    state.ema = Ema(params, state.recipe.ema_decay, mode)
+    return f"EMA {mode} over {len(params)} tensors, decay {state.recipe.ema_decay}"
+
+
+TECHNIQUE = Technique(
+    name="ema", phase=70, summary="EMA: per-tensor | foreach | side-stream",
+    changes_numerics=False, apply=apply)

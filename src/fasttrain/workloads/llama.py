@@ -1,0 +1,210 @@
+"""Llama 3.2 causal language modelling (the shapes of transformers' LlamaForCausalLM).
+
+``base`` is Llama-3.2-1B and ``large`` Llama-3.2-3B: GQA attention, SwiGLU, RMSNorm, RoPE with
+Llama 3's long-context frequency adjustment, input and output embeddings tied. Parameter names
+follow transformers. Items are tokens: the loss is summed over labels that are not -100.
+Options: ``seq_len`` overrides the sequence length; ``token_dtype`` is the element type of a
+user's flat token file given as ``data``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers.attention import attention
+from ..layers.mlp import SwiGLU
+from .base import Batch, Workload
+from .data import TokenWindows, cache_root, write_token_file
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab: int = 128256
+    dim: int = 2048
+    layers: int = 16
+    heads: int = 32
+    kv_heads: int = 8
+    hidden: int = 8192
+    seq: int = 2048
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_factor: float = 32.0
+    rope_low_freq: float = 1.0
+    rope_high_freq: float = 4.0
+    rope_original_max: int = 8192
+
+
+CONFIGS = {
+    "tiny": LlamaConfig(vocab=512, dim=64, layers=2, heads=4, kv_heads=2, hidden=128, seq=64),
+    "base": LlamaConfig(),
+    "large": LlamaConfig(dim=3072, layers=28, heads=24),
+}
+TOKEN_DTYPES = {"uint32": np.uint32, "uint16": np.uint16}
+
+
+def rope_frequencies(cfg: LlamaConfig) -> torch.Tensor:
+    """Inverse frequencies (D/2,) in float32, adjusted like transformers' ``llama3`` rope type."""
+    d = cfg.dim // cfg.heads
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    wavelen = 2 * math.pi / inv
+    low_wl = cfg.rope_original_max / cfg.rope_low_freq  # longer waves: divided by the factor
+    high_wl = cfg.rope_original_max / cfg.rope_high_freq  # shorter waves: kept
+    smooth = (cfg.rope_original_max / wavelen - cfg.rope_low_freq) / (
+        cfg.rope_high_freq - cfg.rope_low_freq)
+    mid = (1 - smooth) * inv / cfg.rope_factor + smooth * inv  # in between: interpolated
+    return torch.where(wavelen < high_wl, inv,
+                       torch.where(wavelen > low_wl, inv / cfg.rope_factor, mid))
+
+
+def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (T, D) in float32 for positions 0..seq-1 (half-split layout, as transformers)."""
+    freqs = torch.outer(torch.arange(cfg.seq, dtype=torch.float32), rope_frequencies(cfg))
+    emb = torch.cat([freqs, freqs], dim=-1)  # (T, D)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, D) by position, in the dtype of ``x``."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def native_gqa(q: torch.Tensor) -> bool:
+    """Whether SDPA can take fewer KV heads than query heads (``enable_gqa``) for ``q``.
+
+    CPU and CUDA's flash and math kernels accept it; CUDA's memory-efficient kernel rejects
+    unequal head counts (and cuDNN's support varies), so where flash cannot run the KV heads are
+    expanded with repeat_interleave instead. Dynamo treats ``flash_sdp_enabled()`` as a constant.
+    """
+    if q.device.type != "cuda":
+        return True
+    return torch.backends.cuda.flash_sdp_enabled() and q.dtype in (torch.float16, torch.bfloat16)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.dim // cfg.heads
+        self.q_proj = nn.Linear(cfg.dim, cfg.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        gqa = self.kv_heads != self.heads
+        if gqa and not native_gqa(q):
+            rep = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, T, D)
+            gqa = False
+        out = attention(q, k, v, causal=True, enable_gqa=gqa)  # (B, H, T, D)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.dim, cfg.hidden)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False, device="meta")
+        self.lm_head.weight = self.embed_tokens.weight  # tied, as Llama 3.2
+        cos, sin = rope_tables(cfg)  # on the build device
+        self.register_buffer("rope_cos", cos, persistent=False)  # (T, D) float32
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(_init_weights)
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids → (B, T, vocab) next-token logits in the compute dtype."""
+        T = input_ids.shape[1]
+        if T > self.rope_cos.shape[0]:
+            raise ValueError(f"sequence of {T} tokens is longer than the model's {self.cfg.seq}")
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x = self.embed_tokens(input_ids)  # (B, T, C)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.norm(x))  # (B, T, V)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.logits(input_ids)
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(),
+                               reduction="sum", ignore_index=-100)
+
+
+class TokenFile(TokenWindows):
+    """A user's flat token file; every id must be below ``vocab`` (one numpy pass to check)."""
+
+    def __init__(self, path: Path, seq_len: int, vocab: int, seed: int, dtype):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"token file {path} does not exist")
+        super().__init__(Path(path), seq_len, seed=seed, dtype=dtype)
+        top = int(self.tokens.max())
+        if top >= vocab:
+            raise ValueError(f"token file {path} holds id {top}, outside the vocabulary of {vocab}")
+
+
+class LlamaWorkload(Workload):
+    name, unit = "llama", "tok"
+
+    def __init__(self, size: str, seed: int, data: str | None, seq_len: int | None,
+                 token_dtype: str):
+        if token_dtype not in TOKEN_DTYPES:
+            raise ValueError(f"token_dtype must be 'uint32' or 'uint16', not {token_dtype!r}")
+        cfg = CONFIGS[size]
+        if seq_len is not None:
+            if int(seq_len) < 1:
+                raise ValueError(f"seq_len must be positive, not {seq_len!r}")
+            cfg = replace(cfg, seq=int(seq_len))
+        self.size, self.seed, self.data_path, self.cfg = size, seed, data, cfg
+        self.token_dtype = TOKEN_DTYPES[token_dtype]
+        self.default_batch = {"tiny": 4, "base": 4, "large": 2}[size]
+
+    def build_model(self) -> nn.Module:
+        return Llama(self.cfg)
+
+    def dataset(self) -> TokenWindows:
+        cfg = self.cfg
+        if self.data_path is not None:
+            return TokenFile(self.data_path, cfg.seq, cfg.vocab, self.seed, self.token_dtype)
+        count = 256 * (cfg.seq + 1)  # 256 windows
+        path = write_token_file(cache_root() / f"tokens-{count}-v{cfg.vocab}.u32", count,
+                                cfg.vocab, seed=1234)
+        return TokenWindows(path, cfg.seq, seed=self.seed)
+
+    def count(self, batch: Batch) -> int:
+        return int((batch["labels"] != -100).sum())
+
+
+def make(size: str = "tiny", seed: int = 0, data: str | None = None, seq_len: int | None = None,
+         token_dtype: str = "uint32") -> LlamaWorkload:
+    return LlamaWorkload(size, seed, data, seq_len, token_dtype)

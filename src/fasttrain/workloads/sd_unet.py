@@ -1,0 +1,284 @@
+"""The Stable Diffusion v1 denoiser: a text-conditioned UNet with the shapes of diffusers'
+``UNet2DConditionModel`` at the SD v1 config (859,520,964 parameters at ``UNetConfig()``).
+
+Four stages of (320, 640, 1280, 1280) channels with two ResNet blocks each; the first three
+stages put a spatial transformer (self-attention, cross-attention to the text, GEGLU
+feed-forward) after every ResNet block and end with a stride-2 conv. The mid block is
+ResNet → transformer → ResNet; the up path mirrors the down path with three ResNet blocks per
+stage, each fed one skip connection. All attention goes through ``layers.attention``.
+Module names follow diffusers, so its UNet state dict loads one to one.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers.attention import attention
+
+NORM_GROUPS = 32
+
+
+@dataclass(frozen=True)
+class UNetConfig:
+    channels: tuple[int, ...] = (320, 640, 1280, 1280)
+    cross_attn: tuple[bool, ...] = (True, True, True, False)  # per down stage; up mirrors it
+    layers: int = 2  # ResNet blocks per down stage (up stages have one more)
+    heads: int = 8  # diffusers' ``attention_head_dim=8`` is really the head count
+    context: int = 768  # width of the text embedding (cross_attention_dim)
+    latent: int = 4  # latent channels in and out
+    eps: float = 1e-5
+
+
+def timestep_embedding(timesteps: torch.Tensor, dim: int) -> torch.Tensor:
+    """diffusers ``Timesteps(dim, flip_sin_to_cos=True, downscale_freq_shift=0)``: [cos, sin]."""
+    half = dim // 2
+    exponent = torch.arange(half, dtype=torch.float32, device=timesteps.device) / half
+    args = timesteps[:, None].float() * torch.exp(-math.log(10000.0) * exponent)[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def _same_format(h: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``h`` contiguous in ``like``'s memory format (channels_last stays channels_last)."""
+    cl = not like.is_contiguous() and like.is_contiguous(memory_format=torch.channels_last)
+    return h.contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
+
+
+class TimestepEmbedding(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.linear_1 = nn.Linear(dim, hidden)
+        self.linear_2 = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.silu(self.linear_1(x)))
+
+
+class ResnetBlock(nn.Module):
+    """diffusers ``ResnetBlock2D``: GN-SiLU-conv, + time embedding, GN-SiLU-conv, + shortcut.
+
+    ``temb=None`` drops the time projection (the VAE's blocks)."""
+
+    def __init__(self, cin: int, cout: int, temb: int | None, eps: float):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(NORM_GROUPS, cin, eps=eps)
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.time_emb_proj = nn.Linear(temb, cout) if temb else None
+        self.norm2 = nn.GroupNorm(NORM_GROUPS, cout, eps=eps)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.conv_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        if self.time_emb_proj is not None:
+            h = h + self.time_emb_proj(F.silu(temb))[:, :, None, None]
+        h = self.conv2(F.silu(self.norm2(h)))
+        return (x if self.conv_shortcut is None else self.conv_shortcut(x)) + h
+
+
+class Downsample(nn.Module):
+    """Stride-2 3×3 conv; ``asymmetric`` pads (0, 1, 0, 1) first instead of 1 all round (VAE)."""
+
+    def __init__(self, ch: int, asymmetric: bool = False):
+        super().__init__()
+        self.asymmetric = asymmetric
+        self.conv = nn.Conv2d(ch, ch, 3, stride=2, padding=0 if asymmetric else 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (0, 1, 0, 1)) if self.asymmetric else x)
+
+
+class Upsample(nn.Module):
+    def __init__(self, ch: int):
+        super().__init__()
+        self.conv = nn.Conv2d(ch, ch, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class Attention(nn.Module):
+    """Multi-head attention, q/k/v without bias; cross-attention when ``context`` is given."""
+
+    def __init__(self, dim: int, heads: int, context: int | None = None):
+        super().__init__()
+        self.heads = heads
+        self.to_q = nn.Linear(dim, dim, bias=False)
+        self.to_k = nn.Linear(context or dim, dim, bias=False)
+        self.to_v = nn.Linear(context or dim, dim, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(dim, dim))  # diffusers' to_out.0
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        ctx = x if context is None else context
+        B, T, C = x.shape
+        q = self.to_q(x).view(B, T, self.heads, -1).transpose(1, 2)
+        k = self.to_k(ctx).view(B, ctx.shape[1], self.heads, -1).transpose(1, 2)
+        v = self.to_v(ctx).view(B, ctx.shape[1], self.heads, -1).transpose(1, 2)
+        out = attention(q, k, v)  # (B, H, T, D)
+        return self.to_out(out.transpose(1, 2).reshape(B, T, C))
+
+
+class GEGLU(nn.Module):
+    def __init__(self, dim: int, inner: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, 2 * inner)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, gate = self.proj(x).chunk(2, dim=-1)
+        return h * F.gelu(gate)
+
+
+class FeedForward(nn.Module):
+    """GEGLU feed-forward, inner width 4·dim (keys net.0.proj / net.2; net.1 is a no-op dropout)."""
+
+    def __init__(self, dim: int, mult: int = 4):
+        super().__init__()
+        self.net = nn.Sequential(OrderedDict(
+            [("0", GEGLU(dim, mult * dim)), ("2", nn.Linear(mult * dim, dim))]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class TransformerBlock(nn.Module):
+    """diffusers ``BasicTransformerBlock``: pre-LN self-attn, cross-attn, GEGLU feed-forward."""
+
+    def __init__(self, dim: int, heads: int, context: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn1 = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.attn2 = Attention(dim, heads, context)
+        self.norm3 = nn.LayerNorm(dim)
+        self.ff = FeedForward(dim)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn1(self.norm1(x))
+        x = x + self.attn2(self.norm2(x), context)
+        return x + self.ff(self.norm3(x))
+
+
+class SpatialTransformer(nn.Module):
+    """diffusers ``Transformer2DModel`` (SD v1): GroupNorm, 1×1 conv in, one block, 1×1 conv out."""
+
+    def __init__(self, dim: int, heads: int, context: int):
+        super().__init__()
+        self.norm = nn.GroupNorm(NORM_GROUPS, dim, eps=1e-6)
+        self.proj_in = nn.Conv2d(dim, dim, 1)
+        self.transformer_blocks = nn.ModuleList([TransformerBlock(dim, heads, context)])
+        self.proj_out = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        h = self.proj_in(self.norm(x)).permute(0, 2, 3, 1).reshape(B, H * W, C)
+        for blk in self.transformer_blocks:
+            h = blk(h, context)
+        h = _same_format(h.reshape(B, H, W, C).permute(0, 3, 1, 2), x)
+        return x + self.proj_out(h)
+
+
+def _transformers(cfg: UNetConfig, ch: int, n: int, attn: bool) -> nn.ModuleList | None:
+    if not attn:
+        return None
+    return nn.ModuleList(SpatialTransformer(ch, cfg.heads, cfg.context) for _ in range(n))
+
+
+class DownBlock(nn.Module):
+    """``CrossAttnDownBlock2D`` (``attn``) or ``DownBlock2D``; returns (x, skip tensors)."""
+
+    def __init__(self, cin: int, cout: int, cfg: UNetConfig, temb: int, attn: bool, down: bool):
+        super().__init__()
+        self.resnets = nn.ModuleList(ResnetBlock(cin if i == 0 else cout, cout, temb, cfg.eps)
+                                     for i in range(cfg.layers))
+        self.attentions = _transformers(cfg, cout, cfg.layers, attn)
+        self.downsamplers = nn.ModuleList([Downsample(cout)]) if down else None
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor,
+                context: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        skips = []
+        for i, resnet in enumerate(self.resnets):
+            x = resnet(x, temb)
+            if self.attentions is not None:
+                x = self.attentions[i](x, context)
+            skips.append(x)
+        if self.downsamplers is not None:
+            x = self.downsamplers[0](x)
+            skips.append(x)
+        return x, skips
+
+
+class UpBlock(nn.Module):
+    """``CrossAttnUpBlock2D`` (``attn``) or ``UpBlock2D``: layers+1 ResNets on [x, skip]."""
+
+    def __init__(self, cin: int, prev: int, cout: int, cfg: UNetConfig, temb: int, attn: bool,
+                 up: bool):
+        super().__init__()
+        n = cfg.layers + 1
+        self.resnets = nn.ModuleList(
+            ResnetBlock((prev if i == 0 else cout) + (cin if i == n - 1 else cout), cout, temb,
+                        cfg.eps) for i in range(n))
+        self.attentions = _transformers(cfg, cout, n, attn)
+        self.upsamplers = nn.ModuleList([Upsample(cout)]) if up else None
+
+    def forward(self, x: torch.Tensor, skips: tuple[torch.Tensor, ...], temb: torch.Tensor,
+                context: torch.Tensor) -> torch.Tensor:
+        for i, resnet in enumerate(self.resnets):  # skips are consumed last-first
+            x = resnet(torch.cat([x, skips[-1 - i]], dim=1), temb)
+            if self.attentions is not None:
+                x = self.attentions[i](x, context)
+        return x if self.upsamplers is None else self.upsamplers[0](x)
+
+
+class MidBlock(nn.Module):
+    """``UNetMidBlock2DCrossAttn``: ResNet → transformer → ResNet."""
+
+    def __init__(self, ch: int, cfg: UNetConfig, temb: int):
+        super().__init__()
+        self.resnets = nn.ModuleList(ResnetBlock(ch, ch, temb, cfg.eps) for _ in range(2))
+        self.attentions = _transformers(cfg, ch, 1, True)
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        x = self.resnets[0](x, temb)
+        x = self.attentions[0](x, context)
+        return self.resnets[1](x, temb)
+
+
+class UNet(nn.Module):
+    def __init__(self, cfg: UNetConfig):
+        super().__init__()
+        self.cfg = cfg
+        ch, n = cfg.channels, len(cfg.channels)
+        temb = 4 * ch[0]
+        self.conv_in = nn.Conv2d(cfg.latent, ch[0], 3, padding=1)
+        self.time_embedding = TimestepEmbedding(ch[0], temb)
+        self.down_blocks = nn.ModuleList(
+            DownBlock(ch[max(i - 1, 0)], ch[i], cfg, temb, cfg.cross_attn[i], i < n - 1)
+            for i in range(n))
+        self.mid_block = MidBlock(ch[-1], cfg, temb)
+        rev, rattn = ch[::-1], cfg.cross_attn[::-1]
+        self.up_blocks = nn.ModuleList(
+            UpBlock(rev[min(i + 1, n - 1)], rev[max(i - 1, 0)], rev[i], cfg, temb, rattn[i],
+                    i < n - 1) for i in range(n))
+        self.conv_norm_out = nn.GroupNorm(NORM_GROUPS, ch[0], eps=cfg.eps)
+        self.conv_out = nn.Conv2d(ch[0], cfg.latent, 3, padding=1)
+
+    def forward(self, sample: torch.Tensor, timesteps: torch.Tensor,
+                context: torch.Tensor) -> torch.Tensor:
+        """Predicted noise for ``sample`` (B, 4, h, w) at ``timesteps`` (B,) given the text."""
+        t = timestep_embedding(timesteps, self.cfg.channels[0]).to(sample.dtype)
+        temb = self.time_embedding(t)
+        x = self.conv_in(sample)
+        skips = [x]
+        for blk in self.down_blocks:
+            x, res = blk(x, temb, context)
+            skips.extend(res)
+        x = self.mid_block(x, temb, context)
+        for blk in self.up_blocks:
+            n = len(blk.resnets)
+            x = blk(x, tuple(skips[-n:]), temb, context)
+            skips = skips[:-n]
+        return self.conv_out(F.silu(self.conv_norm_out(x)))

@@ -1,0 +1,252 @@
+"""Swin Transformer v1 image classification (the shapes of timm's swin_base_patch4_window7_224).
+
+Attention runs inside non-overlapping windows with a learned relative position bias; every odd
+block first rolls the map by half a window (a cyclic shift) so information crosses window
+borders, and masks the token pairs that the roll brought together from opposite edges. The
+window partition, its reverse and the shift are small functions so that a fused kernel can
+replace them. Sizes: ``base`` is Swin-B, ``large`` Swin-L; ``variant='t'`` (or ``'s'``,
+``'b'``, ``'l'``) picks that architecture whatever the size.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers.attention import attention
+from ..layers.mlp import Mlp
+from .base import Workload
+from .data import ImageFiles, cache_root, normalize_images, write_synthetic_images
+
+MASKED = -100.0  # timm's value: exp(-100) underflows to 0 after softmax, yet stays finite in bf16
+
+
+@dataclass(frozen=True)
+class SwinConfig:
+    image: int = 224
+    patch: int = 4
+    dim: int = 128  # embedding width of stage 1; doubles at every patch merging
+    depths: tuple[int, ...] = (2, 2, 18, 2)
+    heads: tuple[int, ...] = (4, 8, 16, 32)
+    window: int = 7
+    mlp_ratio: int = 4
+    classes: int = 1000
+
+
+CONFIGS = {
+    "tiny": SwinConfig(image=32, patch=2, dim=32, depths=(2, 2), heads=(2, 4), window=4,
+                       classes=10),
+    "base": SwinConfig(),
+    "large": SwinConfig(dim=192, heads=(6, 12, 24, 48)),
+}
+VARIANTS = {
+    "t": SwinConfig(dim=96, depths=(2, 2, 6, 2), heads=(3, 6, 12, 24)),
+    "s": SwinConfig(dim=96, heads=(3, 6, 12, 24)),
+    "b": CONFIGS["base"],
+    "l": CONFIGS["large"],
+}
+
+
+def window_partition(x: torch.Tensor, window: int) -> torch.Tensor:
+    """(B, H, W, C) → (B·nW, window², C); windows row-major within each image."""
+    B, H, W, C = x.shape
+    x = x.view(B, H // window, window, W // window, window, C)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, window * window, C)
+
+
+def window_reverse(windows: torch.Tensor, window: int, H: int, W: int) -> torch.Tensor:
+    """(B·nW, window², C) → (B, H, W, C): the inverse of :func:`window_partition`."""
+    C = windows.shape[-1]
+    x = windows.view(-1, H // window, W // window, window, window, C)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
+
+
+def cyclic_shift(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """Roll (B, H, W, C) up-left by ``shift`` tokens; ``-shift`` undoes it."""
+    return torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
+
+
+def relative_position_index(window: int) -> torch.Tensor:
+    """(N, N) row of the bias table for each (query, key) pair of a window, N = window²."""
+    coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window),
+                                        indexing="ij")).flatten(1)  # (2, N)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)  # (N, N, 2)
+    return rel[..., 0] * (2 * window - 1) + rel[..., 1]
+
+
+def shift_mask(res: int, window: int, shift: int) -> torch.Tensor:
+    """(nW, N, N) additive mask: 0 within a region of the shifted map, ``MASKED`` across.
+
+    After the roll, the last ``shift`` rows/columns hold tokens from the opposite edge; the
+    three slices per axis label the 3x3 regions, and only same-region pairs were neighbours.
+    """
+    labels = torch.zeros(1, res, res, 1)
+    cuts = (slice(0, -window), slice(-window, -shift), slice(-shift, None))
+    for region, (h, w) in enumerate(itertools.product(cuts, cuts)):
+        labels[:, h, w, :] = region
+    win = window_partition(labels, window).squeeze(-1)  # (nW, N)
+    differ = win.unsqueeze(1) != win.unsqueeze(2)  # (nW, N, N)
+    return torch.zeros(differ.shape).masked_fill(differ, MASKED)
+
+
+class WindowAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, window: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, heads))
+        self.register_buffer("relative_position_index", relative_position_index(window),
+                             persistent=False)
+
+    def position_bias(self) -> torch.Tensor:
+        N = self.relative_position_index.shape[0]
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+        return bias.view(N, N, self.heads).permute(2, 0, 1).unsqueeze(0)  # (1, heads, N, N)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        Bw, N, C = x.shape  # (B·nW, N, C)
+        qkv = self.qkv(x).view(Bw, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        bias = self.position_bias()
+        if mask is not None:  # mask (nW, N, N)
+            # Windows of one image repeat every nW along the batch, which no stride-0
+            # broadcast expresses and fused SDPA kernels take 4-D inputs only, so the bias is
+            # materialised: the size of the attention matrix eager attention keeps anyway.
+            bias = (bias + mask.unsqueeze(1)).repeat(Bw // mask.shape[0], 1, 1, 1)
+        out = attention(*qkv.unbind(0), bias=bias)  # (B·nW, heads, N, D)
+        return self.proj(out.transpose(1, 2).reshape(Bw, N, C))
+
+
+class SwinBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, res: int, window: int, shift: int, mlp_ratio: int):
+        super().__init__()
+        if res <= window:  # one window covers the map: nothing to shift across (as timm)
+            window, shift = res, 0
+        self.window, self.shift = window, shift
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = WindowAttention(dim, heads, window)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, dim * mlp_ratio)
+        mask = shift_mask(res, window, shift) if shift else None
+        self.register_buffer("attn_mask", mask, persistent=False)
+
+    def _attn(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        if self.shift:
+            x = cyclic_shift(x, self.shift)
+        win = self.attn(window_partition(x, self.window), self.attn_mask)  # (B·nW, N, C)
+        x = window_reverse(win, self.window, H, W)  # (B, H, W, C)
+        return cyclic_shift(x, -self.shift) if self.shift else x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, H, W, C)
+        x = x + self._attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerging(nn.Module):
+    """(B, H, W, C) → (B, H/2, W/2, 2C): each 2x2 neighbourhood concatenated, then projected."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * dim)
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        # timm's channel order: (0,0), (1,0), (0,1), (1,1) offsets, so its weights load as-is
+        x = x.reshape(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)
+        return self.reduction(self.norm(x))
+
+
+class SwinStage(nn.Module):
+    def __init__(self, in_dim: int, dim: int, depth: int, heads: int, res: int, cfg: SwinConfig):
+        super().__init__()
+        self.downsample = PatchMerging(in_dim) if in_dim != dim else nn.Identity()
+        self.blocks = nn.ModuleList(
+            SwinBlock(dim, heads, res, cfg.window, cfg.window // 2 if i % 2 else 0, cfg.mlp_ratio)
+            for i in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.downsample(x)
+        for blk in self.blocks:
+            x = blk(x)
+        return x
+
+
+class Swin(nn.Module):
+    def __init__(self, cfg: SwinConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.channels_last = False  # set by the channels_last technique
+        self.patch_embed = nn.Conv2d(3, cfg.dim, cfg.patch, cfg.patch)
+        self.patch_norm = nn.LayerNorm(cfg.dim)
+        res, dim, stages = cfg.image // cfg.patch, cfg.dim, []
+        for i, (depth, heads) in enumerate(zip(cfg.depths, cfg.heads)):
+            in_dim, res, dim = dim, (res // 2 if i else res), (dim * 2 if i else dim)
+            if res % cfg.window and res > cfg.window:
+                raise ValueError(f"stage {i + 1}: {res}x{res} tokens do not tile by "
+                                 f"{cfg.window}x{cfg.window} windows")
+            stages.append(SwinStage(in_dim, dim, depth, heads, res, cfg))
+        # a Sequential, not a ModuleList, so repeated_blocks() finds the blocks, not the stages
+        self.stages = nn.Sequential(*stages)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, cfg.classes)
+        self.apply(_init_weights)
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        x = normalize_images(images, self.patch_embed.weight.dtype, self.channels_last)
+        x = self.patch_norm(self.patch_embed(x).permute(0, 2, 3, 1))  # (B, H, W, C)
+        x = self.norm(self.stages(x))
+        return x.mean(dim=(1, 2))  # (B, C)
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.features(images))
+        return F.cross_entropy(logits.float(), labels, reduction="sum")
+
+
+def _init_weights(m: nn.Module) -> None:
+    """timm's Swin init; the patch-embedding conv keeps PyTorch's default, as in timm."""
+    if isinstance(m, nn.Linear):
+        nn.init.trunc_normal_(m.weight, std=0.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
+    elif isinstance(m, WindowAttention):
+        nn.init.trunc_normal_(m.relative_position_bias_table, std=0.02)
+
+
+class SwinWorkload(Workload):
+    name, unit, conv = "swin", "img", True
+
+    def __init__(self, size: str, seed: int, data: str | None, variant: str | None):
+        if variant is not None and variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
+        self.size, self.seed, self.data_dir, self.variant = size, seed, data, variant
+        self.cfg = VARIANTS[variant] if variant else CONFIGS[size]
+        self.default_batch = {"tiny": 8, "base": 64, "large": 32}[size]
+
+    def build_model(self) -> nn.Module:
+        return Swin(self.cfg)
+
+    def dataset(self) -> ImageFiles:
+        folder = self.data_dir
+        if folder is None:
+            stored = self.cfg.image * 8 // 7  # stored at 256 px for 224 px crops
+            count = 256 if self.size == "tiny" else 2048
+            folder = write_synthetic_images(
+                cache_root() / f"images-{stored}px-{count}-c{self.cfg.classes}",
+                count, stored, self.cfg.classes, seed=1234)
+        return ImageFiles(folder, self.cfg.image, seed=self.seed)
+
+    def describe(self) -> dict:
+        return {**super().describe(), **({"variant": self.variant} if self.variant else {})}
+
+
+def make(size: str = "tiny", seed: int = 0, data: str | None = None,
+         variant: str | None = None) -> SwinWorkload:
+    return SwinWorkload(size, seed, data, variant)

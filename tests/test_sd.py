@@ -1,0 +1,137 @@
+"""SD workload: the tiny step trains only the UNet, the data is deterministic, and the base
+shapes have the parameter counts of diffusers' SD v1 UNet / AutoencoderKL encoder and
+transformers' CLIP ViT-L/14 text model."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from fasttrain.workloads import load_workload
+from fasttrain.workloads.data import write_synthetic_images
+from fasttrain.workloads.sd import (CONFIGS, SDImages, SDTrainStep, SDWorkload,
+                                    ddpm_alphas_cumprod, make)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTTRAIN_CACHE", str(tmp_path))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # The tiny model is too small for intra-op threads; on a loaded CPU they cost 10-100×.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _batch(wl, indices=(0, 1)):
+    ds = wl.dataset()
+    return wl.collate([ds[i] for i in indices])
+
+
+def test_tiny_step_trains_the_unet_only():
+    wl = make("tiny")
+    torch.manual_seed(0)
+    model = wl.build_model()
+    batch = _batch(wl)
+    assert set(batch) == {"images", "input_ids", "noise", "timesteps", "posterior_noise"}
+    assert batch["noise"].shape == (2, 4, 4, 4) and wl.count(batch) == 2
+    assert wl.trainable(model) is model.unet
+    opt = torch.optim.Adam(wl.trainable(model).parameters(), lr=1e-3)
+    losses = []
+    for step in range(4):
+        opt.zero_grad()
+        loss = wl.loss(model, batch)
+        loss.backward()
+        if step == 0:
+            no_grad = [n for n, p in model.unet.named_parameters()
+                       if p.grad is None or not p.grad.abs().sum() > 0]
+            assert not no_grad, no_grad
+            for frozen in (model.vae_encoder, model.text_encoder):
+                assert all(not p.requires_grad and p.grad is None for p in frozen.parameters())
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(x) for x in losses)
+    assert 2 * 0.5 < losses[0] < 2 * 4  # summed per-image MSE against unit-variance noise
+    assert losses[-1] < losses[0]
+
+
+def test_loss_is_summed_per_image_mean():
+    wl = make("tiny")
+    torch.manual_seed(0)
+    model = wl.build_model()
+    batch = _batch(wl)
+    one = [wl.loss(model, {k: v[i:i + 1] for k, v in batch.items()}) for i in range(2)]
+    torch.testing.assert_close(wl.loss(model, batch), one[0] + one[1], rtol=1e-4, atol=1e-5)
+
+
+def test_dataset_is_deterministic_per_seed_epoch_index():
+    wl = make("tiny")
+    ds = wl.dataset()
+    a, b = ds[3], ds[3]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert a["input_ids"].shape == (77,) and a["input_ids"].dtype == torch.long
+    text = CONFIGS["tiny"].text
+    ids = a["input_ids"].tolist()
+    assert ids[0] == text.bos and ids[-1] == text.eos and max(ids) < text.vocab
+    assert 0 <= int(a["timesteps"]) < 1000
+    ds.set_epoch(1)
+    c = ds[3]
+    assert not torch.equal(a["noise"], c["noise"])
+    assert not torch.equal(a["posterior_noise"], c["posterior_noise"])
+    assert not torch.equal(a["input_ids"], c["input_ids"])
+
+
+def test_captions_json_is_used(tmp_path):
+    folder = write_synthetic_images(tmp_path / "imgs", 3, 40, 1, seed=0)
+    files = sorted(p.name for p in folder.glob("*.jpg"))
+    captions = {f: [998, 5, i, 999] for i, f in enumerate(files)}
+    (folder / "captions.json").write_text(json.dumps(captions))
+    ds = SDImages(folder, CONFIGS["tiny"])
+    item = ds[2]
+    assert item["input_ids"][:5].tolist() == [998, 5, 2, 999, 999]
+    assert item["images"].shape == (32, 32, 3)
+
+
+def test_base_parameter_counts_match_sd_v1():
+    with torch.device("meta"):
+        model = SDTrainStep(CONFIGS["base"])
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(model.unet) == 859_520_964  # diffusers UNet2DConditionModel, SD v1
+    # CLIPTextModel ViT-L/14: 49408·768 + 77·768 + 12·7,087,872 + 2·768
+    assert count(model.text_encoder) == 123_060_480
+    assert count(model.vae_encoder) == 34_163_592 + 72  # AutoencoderKL.encoder + quant_conv
+    assert CONFIGS["base"].latent == 64
+
+
+def test_schedule_stays_float32_when_the_model_is_cast():
+    torch.manual_seed(0)
+    model = SDTrainStep(CONFIGS["tiny"]).to(torch.bfloat16)
+    acp = model.schedule.alphas_cumprod
+    assert acp.dtype == torch.float32
+    torch.testing.assert_close(acp, ddpm_alphas_cumprod(CONFIGS["tiny"]))
+    assert acp[0].item() == pytest.approx(1 - 0.00085, rel=1e-6)
+    assert acp[-1].item() == pytest.approx(0.0047, abs=2e-4)  # SD v1's ᾱ_999
+
+
+def test_channels_last_gives_the_same_loss():
+    wl = make("tiny")
+    torch.manual_seed(0)
+    model = wl.build_model()
+    batch = _batch(wl)
+    ref = wl.loss(model, batch)
+    model.channels_last = True
+    model.to(memory_format=torch.channels_last)
+    torch.testing.assert_close(wl.loss(model, batch), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_registry():
+    wl = load_workload("sd", "tiny")
+    assert isinstance(wl, SDWorkload)
+    assert (wl.name, wl.unit, wl.conv, wl.has_ema, wl.default_batch) == ("sd", "img", True, True, 2)
+    assert load_workload("sd", "base").default_batch == 8
