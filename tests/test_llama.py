@@ -178,19 +178,16 @@ def test_user_token_file(tmp_path):
 
 
 def test_matches_transformers_llama():
+    """Same logits as the HF peer's LlamaForCausalLM (tiny shapes) given the same weights."""
     transformers = pytest.importorskip("transformers")
-    c = CONFIGS["tiny"]
-    hc = transformers.LlamaConfig(
-        vocab_size=c.vocab, hidden_size=c.dim, intermediate_size=c.hidden,
-        num_hidden_layers=c.layers, num_attention_heads=c.heads, num_key_value_heads=c.kv_heads,
-        max_position_embeddings=131072, rms_norm_eps=c.norm_eps, rope_theta=c.rope_theta,
-        tie_word_embeddings=True, rope_scaling={
-            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192})
+    from fasttrain.peers.hf_llama_peer import TINY, llama_config
+
     torch.manual_seed(0)
-    hf = transformers.LlamaForCausalLM(hc).eval()
-    ours = Llama(c).eval()
+    hf = transformers.LlamaForCausalLM(llama_config(transformers, TINY)).eval()
+    ours = Llama(CONFIGS["tiny"]).eval()
     ours.load_state_dict({k.removeprefix("model."): v for k, v in hf.state_dict().items()})
-    ids = torch.randint(0, c.vocab, (2, 64))
+    torch.testing.assert_close(ours.rope_cos, hf.model.rotary_emb(torch.zeros(1), torch.arange(
+        64)[None])[0][0], rtol=1e-6, atol=1e-6)
+    ids = torch.randint(0, 512, (2, 64))
     with torch.no_grad():
         torch.testing.assert_close(ours.logits(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)

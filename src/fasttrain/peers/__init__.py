@@ -15,7 +15,7 @@ from typing import Callable
 # workload → (module, default peer recipe, what it is)
 PEERS: dict[str, tuple[str, str, str]] = {
     "vit": ("timm_peers", "bf16+compile", "timm vit_base_patch16_224 / vit_large_patch16_224"),
-    "swin": ("timm_peers", "bf16+compile", "timm swin_base_patch4_window7_224 / swin_large_patch4_window7_224"),
+    "swin": ("timm_peers", "bf16+compile", "timm swin_base_patch4_window7_224 / swin_large_…"),
     "sd": ("diffusers_peer", "bf16+compile", "diffusers SD v1 UNet + CLIP text encoder + VAE encoder, EMA"),
     "llama": ("hf_llama_peer", "bf16+compile", "transformers LlamaForCausalLM, Llama-3.2-1B shapes, sdpa"),
     # TARGETS.md: Liger's kernels fail under torch.compile, so its peer runs eager.

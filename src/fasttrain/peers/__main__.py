@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--peer-recipe", default=None, help="fp32 | tf32 | bf16 | bf16+compile (default: the workload's)")
+    ap.add_argument("--peer-recipe", default=None,
+                    help="fp32 | tf32 | bf16 | bf16+compile (default: the workload's)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--tiny", action="store_true", help="miniature configs of the same classes")
     ap.add_argument("--out", default=None, help="append the row as one JSON line to this file")

@@ -72,7 +72,8 @@ def build(workload: str, size: str, batch: int | None, device: torch.device, tin
     text = text.to(device, frozen_dtype).eval().requires_grad_(False)
     scheduler = diffusers.DDPMScheduler(**SCHEDULER)
     image, vocab = cfg["image"], cfg["clip"]["vocab_size"]
-    images = torch.rand(batch, 3, image, image, device=device).mul(2).sub(1).to(frozen_dtype)  # (B, 3, H, W) in [-1, 1]
+    images = torch.rand(batch, 3, image, image, device=device) * 2 - 1  # (B, 3, H, W) in [-1, 1]
+    images = images.to(frozen_dtype)  # the recipe feeds the VAE in weight_dtype
     input_ids = torch.randint(0, vocab, (batch, cfg["tokens"]), device=device)  # (B, 77)
     steps = scheduler.config.num_train_timesteps
 

@@ -75,6 +75,7 @@ def apply_liger(model) -> dict:
     """
     from liger_kernel.transformers import apply_liger_kernel_to_llama
 
-    kernels = dict(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True, cross_entropy=False)
+    kernels = dict(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True,
+                   cross_entropy=False)
     apply_liger_kernel_to_llama(model=model, **kernels)
     return {"liger_kernel": [k for k, on in kernels.items() if on]}

@@ -60,12 +60,13 @@ class PeerRecipe:
 
 
 RECIPES = {
-    "fp32": PeerRecipe("fp32", tf32=False, autocast=False, fused_adam=False, foreach_ema=False, compile=False),
-    "tf32": PeerRecipe("tf32", tf32=True, autocast=False, fused_adam=False, foreach_ema=False, compile=False),
+    "fp32": PeerRecipe("fp32", tf32=False, autocast=False, fused_adam=False, foreach_ema=False,
+                       compile=False),
+    "tf32": PeerRecipe("tf32", tf32=True, autocast=False, fused_adam=False, foreach_ema=False,
+                       compile=False),
     "bf16": PeerRecipe("bf16", tf32=True, autocast=True, fused_adam=True, foreach_ema=True, compile=False),
-    "bf16+compile": PeerRecipe(
-        "bf16+compile", tf32=True, autocast=True, fused_adam=True, foreach_ema=True, compile=True
-    ),
+    "bf16+compile": PeerRecipe("bf16+compile", tf32=True, autocast=True, fused_adam=True, foreach_ema=True,
+                               compile=True),
 }
 
 
@@ -168,7 +169,8 @@ def timed_loop(step: Callable, steps: int, warmup: int, device: torch.device) ->
         torch.cuda.reset_peak_memory_stats(device)
     losses, times = [], []
     if cuda:
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(steps)]
         for start, end in events:
             start.record()
             losses.append(step())

@@ -83,6 +83,9 @@ def list_images(folder: Path) -> tuple[list[Path], list[int]]:
             if p.suffix.lower() in exts:
                 files.append(p)
                 labels.append(ci)
+    if not files:  # a flat folder without labels: images only (SD), label 0
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in exts)
+        labels = [0] * len(files)
     if not files:
         raise FileNotFoundError(f"no images in {folder}")
     return files, labels

@@ -80,8 +80,9 @@ def native_gqa(q: torch.Tensor) -> bool:
     """Whether SDPA can take fewer KV heads than query heads (``enable_gqa``) for ``q``.
 
     CPU and CUDA's flash and math kernels accept it; CUDA's memory-efficient kernel rejects
-    unequal head counts (and cuDNN's support varies), so where flash cannot run the KV heads are
-    expanded with repeat_interleave instead. Dynamo treats ``flash_sdp_enabled()`` as a constant.
+    unequal head counts ("No available kernel" under sdpa_kernel, torch 2.11 on an H200) and
+    cuDNN's support varies by version, so where flash cannot run the KV heads are expanded with
+    repeat_interleave instead. Dynamo treats ``flash_sdp_enabled()`` as a constant.
     """
     if q.device.type != "cuda":
         return True

@@ -1,0 +1,24 @@
+import os
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    """Workload data goes to one temp cache per test session (written once, reused)."""
+    root = tmp_path_factory.getbasetemp() / "fasttrain-cache"
+    monkeypatch.setenv("FASTTRAIN_CACHE", str(root))
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

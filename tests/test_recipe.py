@@ -1,0 +1,54 @@
+import pytest
+
+from fasttrain.errors import FasttrainError
+from fasttrain.recipe import Recipe, load_toml, parse_sets, to_toml
+
+
+def test_defaults_are_the_fp32_baseline():
+    r = Recipe()
+    assert (r.precision, r.attention, r.optimizer_impl, r.workers) == ("fp32", "math", "forloop", 0)
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"precision": "fp8"}, "precision='fp8'"),
+    ({"attention": "fast"}, "attention="),
+    ({"accumulation": 0}, "accumulation"),
+    ({"batch": 10, "accumulation": 3}, "not divisible"),
+    ({"cuda_graphs": True, "precision": "fp16-mixed"}, "GradScaler"),
+    ({"cuda_graphs": True, "accumulation": 2, "batch": 8}, "accumulation=1"),
+    ({"nonsense": 1}, "unknown switch 'nonsense'"),
+    ({"workers": "many"}, "workers expects int"),
+])
+def test_bad_recipes_are_one_line_errors(changes, needle):
+    with pytest.raises(FasttrainError) as err:
+        Recipe().replace(**changes)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_overrides_from_strings():
+    r = Recipe().replace(**parse_sets(["precision=bf16-mixed", "workers=4", "pin_memory=true",
+                                       "lr=3e-4", "cuda-graphs=1"]))
+    assert r.precision == "bf16-mixed" and r.workers == 4 and r.pin_memory is True
+    assert r.lr == 3e-4 and r.cuda_graphs is True
+    with pytest.raises(FasttrainError, match="key=value"):
+        parse_sets(["precision"])
+
+
+def test_toml_round_trip(tmp_path):
+    r = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="regional", workers=3)
+    path = tmp_path / "r.toml"
+    path.write_text(to_toml(r, comment="suggested"))
+    assert load_toml(path) == r
+
+
+def test_toml_errors(tmp_path):
+    with pytest.raises(FasttrainError, match="does not exist"):
+        load_toml(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("precision = \n")
+    with pytest.raises(FasttrainError, match="bad.toml"):
+        load_toml(bad)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text("[recipe]\nprecision = 'int3'\n")
+    with pytest.raises(FasttrainError, match="precision"):
+        load_toml(wrong)

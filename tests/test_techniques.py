@@ -1,0 +1,146 @@
+"""Each technique does what it claims, on the tiny workloads, on CPU."""
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from fasttrain.errors import FasttrainError
+from fasttrain.recipe import Recipe
+from fasttrain.run.loop import prepare, train
+from fasttrain.techniques import registry
+from fasttrain.techniques import attention as attn
+from fasttrain.techniques.ema import Ema
+from fasttrain.workloads import REGISTRY, load_workload
+
+CPU = torch.device("cpu")
+
+
+def _optimizer_ops(impl: str) -> set[str]:
+    wl = load_workload("vit", "tiny")
+    state, _, _ = prepare(wl, Recipe(optimizer_impl=impl), CPU)
+    for p in state.trainable.parameters():
+        p.grad = torch.randn_like(p)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        state.optimizer.step()
+    return {e.name for e in prof.events()}
+
+
+def test_fused_optimizer_is_really_fused():
+    assert "aten::_fused_adamw_" in _optimizer_ops("fused")
+    foreach = _optimizer_ops("foreach")
+    assert "aten::_fused_adamw_" not in foreach and any(n.startswith("aten::_foreach_") for n in foreach)
+    loop = _optimizer_ops("forloop")
+    assert not any(n.startswith("aten::_foreach_") or n == "aten::_fused_adamw_" for n in loop)
+
+
+@pytest.mark.parametrize("mode", ["foreach", "side-stream"])
+def test_ema_modes_equal_the_plain_ema(mode):
+    torch.manual_seed(0)
+    params = [torch.randn(5, 3), torch.randn(7)]
+    plain, other = Ema(params, 0.9, "per-tensor"), Ema(params, 0.9, mode if mode != "side-stream" else "foreach")
+    for _ in range(3):
+        for p in params:
+            p.add_(torch.randn_like(p))
+        plain.update()
+        other.update()
+    for a, b in zip(plain.shadow, other.shadow):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+
+
+def test_side_stream_ema_falls_back_on_cpu_and_says_so():
+    res = train(load_workload("vit", "tiny"), Recipe(ema="side-stream"), steps=2, warmup=0)
+    assert "foreach" in res.applied["ema"]
+    assert any("side-stream needs CUDA" in w for w in res.warnings)
+
+
+def test_accumulation_equals_one_big_batch():
+    wl = load_workload("vit", "tiny")
+    big = train(wl, Recipe(batch=8), steps=4, warmup=0)
+    acc = train(wl, Recipe(batch=8, accumulation=4), steps=4, warmup=0)
+    assert acc.batch == big.batch == 8
+    torch.testing.assert_close(torch.tensor(acc.losses), torch.tensor(big.losses), rtol=1e-5, atol=0)
+
+
+def test_accumulation_on_tokens_normalises_by_token_count():
+    wl = load_workload("llama", "tiny")
+    big = train(wl, Recipe(batch=4), steps=3, warmup=0)
+    acc = train(wl, Recipe(batch=4, accumulation=2), steps=3, warmup=0)
+    torch.testing.assert_close(torch.tensor(acc.losses), torch.tensor(big.losses), rtol=1e-5, atol=0)
+
+
+def test_regional_compile_compiles_each_distinct_block_once():
+    torch._dynamo.reset()
+    wl = load_workload("vit", "tiny")  # two identical blocks
+    res = train(wl, Recipe(compile="regional", compile_backend="eager"), steps=2, warmup=1)
+    assert "regional: 2 blocks" in res.applied["compile"]
+    assert res.compile["unique_graphs"] == 1 and res.compile["recompiles"] == 0
+
+
+def test_whole_model_compile_keeps_fp32_parity():
+    torch._dynamo.reset()
+    wl = load_workload("vit", "tiny")
+    ref = train(wl, Recipe(), steps=3, warmup=0)
+    comp = train(wl, Recipe(compile="model", compile_backend="aot_eager"), steps=3, warmup=0)
+    torch.testing.assert_close(torch.tensor(comp.losses), torch.tensor(ref.losses), rtol=1e-4, atol=0)
+
+
+def test_channels_last_warns_when_nothing_to_convert():
+    from examples.my_workload import make_workload
+
+    res = train(make_workload(), Recipe(channels_last=True), steps=1, warmup=0)
+    assert any("no Conv2d" in w for w in res.warnings)
+
+
+def test_cuda_graphs_on_cpu_is_a_clear_error():
+    with pytest.raises(FasttrainError, match="cuda_graphs needs CUDA"):
+        train(load_workload("vit", "tiny"), Recipe(cuda_graphs=True), steps=1, warmup=4)
+
+
+def test_attention_verdict_reports_fallback():
+    from collections import Counter
+
+    line, fell = attn.verdict("flash", Counter({"math": 4}), {("q",): "attn_mask not supported"})
+    assert fell and "fell back to math: attn_mask not supported" in line
+    line, fell = attn.verdict("auto", Counter({"flash": 4}), {})
+    assert not fell and line == "ran flash x4"
+
+
+def test_attention_backend_is_applied_and_checked():
+    res = train(load_workload("vit", "tiny"), Recipe(attention="flash"), steps=1, warmup=0)
+    assert "ran flash (cpu)" in res.applied["attention"]
+    res = train(load_workload("vit", "tiny"), Recipe(attention="math"), steps=1, warmup=0)
+    assert "ran math" in res.applied["attention"]
+
+
+def test_technique_cards_are_complete():
+    names = [t.name for t in registry()]
+    assert len(names) == len(set(names))
+    for t in registry():
+        assert t.summary and isinstance(t.changes_numerics, bool)
+
+
+SMOKE = {
+    "precision-bf16": Recipe(precision="bf16-mixed"),
+    "precision-fp16": Recipe(precision="fp16-mixed"),
+    "precision-bf16-true": Recipe(precision="bf16-true"),
+    "attention-auto": Recipe(attention="auto"),
+    "optimizer-fused": Recipe(optimizer_impl="fused"),
+    "optimizer-foreach": Recipe(optimizer_impl="foreach"),
+    "ema-foreach": Recipe(ema="foreach"),
+    "loader-workers": Recipe(workers=1),
+    "compile-regional": Recipe(compile="regional", compile_backend="eager"),
+    "channels-last": Recipe(channels_last=True),
+    "accumulation": Recipe(accumulation=2),
+}
+
+
+@pytest.mark.parametrize("workload", sorted(REGISTRY))
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_every_technique_on_every_tiny_workload(workload, name):
+    wl = load_workload(workload, "tiny")
+    recipe = SMOKE[name]
+    if recipe.accumulation > 1:
+        recipe = recipe.replace(batch=wl.default_batch * 2)
+    torch._dynamo.reset()
+    res = train(wl, recipe, steps=2, warmup=0)
+    assert all(torch.isfinite(torch.tensor(res.losses)))
+    assert res.step_time_s > 0 and res.model_flops and res.model_flops > 0
