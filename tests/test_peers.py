@@ -127,3 +127,25 @@ def test_sd_tiny():
 def test_timm_tiny(workload):
     pytest.importorskip("timm")
     check_row(run_peer(workload, **FAST), "img/s")
+
+
+def test_gqa_flop_formulas_count_grouped_query_attention(monkeypatch):
+    from torch.utils import flop_counter as fc
+
+    from fasttrain.peers.loop import gqa_flop_formulas
+
+    def strict(q, k, v):  # torch ≤ 2.12: equal heads asserted
+        assert q[1] == k[1] == v[1]
+        return 4 * q[0] * q[1] * q[2] * k[2] * q[3]
+
+    def strict_bwd(g, q, k, v):
+        assert q[1] == k[1] == v[1]
+        return 10 * q[0] * q[1] * q[2] * k[2] * q[3]
+
+    monkeypatch.setattr(fc, "sdpa_flop_count", strict)
+    monkeypatch.setattr(fc, "sdpa_backward_flop_count", strict_bwd)
+    q, kv, rep = (2, 32, 128, 64), (2, 8, 128, 64), (2, 32, 128, 64)
+    with gqa_flop_formulas():
+        assert fc.sdpa_flop(q, kv, kv) == strict(q, rep, rep)  # the registered formula sees the patch
+        assert fc.sdpa_backward_flop(q, q, kv, kv) == strict_bwd(q, q, rep, rep)
+    assert fc.sdpa_flop_count is strict and fc.sdpa_backward_flop_count is strict_bwd

@@ -98,7 +98,7 @@ def _plan(spec: LadderSpec):
                        **spec.options)
     plan = [(r.name, r.comment, rec) for r, rec in build_ladder(wl, spec.rungs, spec.base)]
     plan += [(name, "user recipe", rec) for name, rec in spec.extra_rungs]
-    if any(rec.cuda_graphs for _, _, rec in plan):
+    if spec.device.startswith("cuda") and any(rec.cuda_graphs for _, _, rec in plan):
         spec.warmup = max(spec.warmup, 4)  # 3 eager steps + capture; same for every rung
     return wl, plan
 

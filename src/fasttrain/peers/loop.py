@@ -109,12 +109,40 @@ def count_flops(spec: PeerSpec, recipe: PeerRecipe, device: torch.device) -> int
     """FLOPs of one forward+backward of the eager model (one extra, untimed step; grads zeroed)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
-        with autocast(recipe, device):
-            loss = spec.loss(spec.modules)
-        loss.backward()
-    spec.trainable.zero_grad(set_to_none=True)
+    try:
+        with gqa_flop_formulas(), FlopCounterMode(display=False) as counter:
+            with autocast(recipe, device):
+                loss = spec.loss(spec.modules)
+            loss.backward()
+    finally:
+        spec.trainable.zero_grad(set_to_none=True)
     return int(counter.get_total_flops())
+
+
+@contextlib.contextmanager
+def gqa_flop_formulas():
+    """Let FlopCounterMode count grouped-query attention (HF Llama calls sdpa with 8 k/v heads for
+    32 query heads, ``enable_gqa``). torch ≤ 2.12's formulas assert equal heads; count it as if
+    k/v were repeated to the query heads, as torch 2.13 does. A no-op where torch already can."""
+    from torch.utils import flop_counter as fc
+
+    fwd, bwd = getattr(fc, "sdpa_flop_count", None), getattr(fc, "sdpa_backward_flop_count", None)
+    try:
+        needed = fwd is not None and bwd is not None and not fwd((1, 2, 3, 4), (1, 1, 3, 4), (1, 1, 3, 4))
+    except AssertionError:
+        needed = True
+
+    def heads_of_q(q, kv):  # (B, H_kv, S, D) → (B, H_q, S, D)
+        return (kv[0], q[1], kv[2], kv[3])
+
+    if needed:
+        fc.sdpa_flop_count = lambda q, k, v: fwd(q, heads_of_q(q, k), heads_of_q(q, v))
+        fc.sdpa_backward_flop_count = lambda g, q, k, v: bwd(g, q, heads_of_q(q, k), heads_of_q(q, v))
+    try:
+        yield
+    finally:
+        if needed:
+            fc.sdpa_flop_count, fc.sdpa_backward_flop_count = fwd, bwd
 
 
 def make_step(spec: PeerSpec, mods: dict, recipe: PeerRecipe, device: torch.device) -> Callable:
@@ -212,7 +240,10 @@ def peak_flops(device: torch.device) -> float | None:
 def measure(spec: PeerSpec, recipe: PeerRecipe, device: torch.device, steps: int, warmup: int,
             compile_: bool) -> dict:
     """Count FLOPs (eager), compile, run the timed loop; return the row's measured fields."""
-    flops = count_flops(spec, recipe, device)
+    try:
+        flops, flops_error = count_flops(spec, recipe, device), None
+    except Exception as err:  # noqa: BLE001 — the timing is still worth a row
+        flops, flops_error = None, f"{type(err).__name__}: {str(err).strip()[:200]}"
     applied = spec.prepare() if spec.prepare is not None else {}
     mods = {k: torch.compile(m) if compile_ else m for k, m in spec.modules.items()}
     step = make_step(spec, mods, recipe, device)
@@ -223,8 +254,9 @@ def measure(spec: PeerSpec, recipe: PeerRecipe, device: torch.device, steps: int
         throughput=spec.units / t,
         throughput_unit=spec.unit,
         model_flops=flops,
-        tflops=flops / t / 1e12,
-        mfu=flops / t / peak if peak else None,
+        tflops=flops / t / 1e12 if flops else None,
+        mfu=flops / t / peak if flops and peak else None,
+        flops_error=flops_error,
         compiled=sorted(mods) if compile_ else [],
         prepared=applied,
     )

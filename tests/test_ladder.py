@@ -1,0 +1,106 @@
+"""The ladder end to end (one fresh process per rung) on every tiny workload, and its gate."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fasttrain.ladder.rungs import build_ladder
+from fasttrain.ladder.runner import LadderSpec, finish_row, run_ladder
+from fasttrain.recipe import Recipe
+from fasttrain.report.table import markdown_table
+from fasttrain.workloads import REGISTRY, load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = Recipe(compile_backend="aot_eager")  # inductor's C++ build is minutes on CI's CPU
+
+
+def _env():
+    import os
+
+    return {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+
+
+def test_default_rungs_follow_the_source_and_are_cumulative():
+    ladder = build_ladder(load_workload("sd", "tiny"), None, Recipe())
+    names = [r.name for r, _ in ladder]
+    assert names == ["fp32", "tf32", "bf16", "dataloader", "fused-optim", "flash-attn",
+                     "ema-stream", "compile", "cuda-graphs"]
+    last = ladder[-1][1]
+    assert last.precision == "bf16-mixed" and last.optimizer_impl == "fused"
+    assert last.ema == "side-stream" and last.compile == "regional" and last.cuda_graphs
+    vit = [r.name for r, _ in build_ladder(load_workload("vit", "tiny"), None, Recipe())]
+    assert "ema-stream" not in vit  # only where the workload keeps an EMA
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", sorted(REGISTRY))
+def test_ladder_end_to_end_on_every_tiny_workload(workload, tmp_path):
+    out = tmp_path / "rows.jsonl"
+    spec = LadderSpec(workload=workload, size="tiny", steps=3, warmup=1, device="cpu", out=out,
+                      base=FAST, rungs=["fp32", "bf16", "fused-optim", "compile", "cuda-graphs"])
+    rows = run_ladder(spec)
+    assert [r["rung"] for r in rows] == ["fp32", "bf16", "fused-optim", "compile", "cuda-graphs"]
+    assert rows[-1]["skipped"] == "cuda_graphs needs CUDA"
+    for row in rows[:-1]:
+        assert row["error"] is None, row["error"]
+        assert row["parity"]["passed"], (row["rung"], row["parity"])
+        assert row["env"]["torch"] and row["kind"] == "ladder" and len(row["losses"]) == 4
+    assert [json.loads(x)["rung"] for x in out.read_text().splitlines()] == [r["rung"] for r in rows]
+    assert "✓" in markdown_table(rows)
+
+
+@pytest.mark.slow
+def test_parity_gate_fails_a_deliberately_wrong_rung(tmp_path):
+    """A rung that changes the maths (a 10,000x learning rate) must fail the gate."""
+    wrong = FAST.replace(lr=1.0)
+    spec = LadderSpec(workload="vit", size="tiny", steps=4, warmup=1, device="cpu",
+                      base=FAST, rungs=["fp32"], extra_rungs=[("wrong-lr", wrong)])
+    rows = run_ladder(spec)
+    assert rows[0]["parity"]["passed"]
+    assert rows[1]["parity"]["passed"] is False and rows[1]["parity"]["max_rel_dev"] > 0.02
+
+
+def test_parity_rejects_nan_and_counts_speedup():
+    ref = {"losses": [2.0, 1.9], "step_time_s": 1.0, "batch": 8, "model_flops": 8e9}
+    ok = finish_row({"losses": [2.0, 1.9001], "step_time_s": 0.5, "batch": 8}, ref, "fp32")
+    assert ok["parity"]["passed"] and ok["speedup"] == 2.0 and ok["tflops"] == 8e9 / 0.5 / 1e12
+    bad = finish_row({"losses": [2.0, float("nan")], "step_time_s": 0.5, "batch": 8}, ref, "bf16-mixed")
+    assert bad["parity"]["passed"] is False
+
+
+def test_a_crashing_rung_is_a_row_not_an_abort(tmp_path):
+    spec = LadderSpec(workload="tests.helpers:broken_workload", size="tiny", steps=2, warmup=0,
+                      device="cpu", base=FAST, rungs=["fp32", "bf16"])
+    rows = run_ladder(spec)
+    assert len(rows) == 2 and all("RuntimeError: boom" in r["error"] for r in rows)
+
+
+@pytest.mark.slow
+def test_cli_ladder_on_a_user_workload(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "fasttrain", "ladder", "examples.my_workload:make_workload",
+         "--rungs", "fp32,fused-optim", "--steps", "3", "--warmup", "1", "--out", str(tmp_path),
+         "--device", "cpu"], capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fused-optim" in proc.stdout and "✓" in proc.stdout
+    rows = [json.loads(x) for f in tmp_path.glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert [r["rung"] for r in rows] == ["fp32", "fused-optim"] and rows[1]["parity"]["passed"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["ladder", "nosuch"], "unknown workload 'nosuch'"),
+    (["ladder", "vit", "--set", "precision=fp7"], "precision='fp7'"),
+    (["ladder", "vit", "--rungs", "warp"], "unknown rung 'warp'"),
+    (["train", "vit", "--size", "huge"], "unknown size 'huge'"),
+    (["train", "nosuch.module:make"], "cannot import 'nosuch.module'"),
+    (["report", "missing.jsonl"], "no such rows file"),
+])
+def test_cli_user_mistakes_are_one_line(argv, needle):
+    proc = subprocess.run([sys.executable, "-m", "fasttrain", *argv, "--device", "cpu"]
+                          if argv[0] != "report" else [sys.executable, "-m", "fasttrain", *argv],
+                          capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("USDT")]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
