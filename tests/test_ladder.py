@@ -26,7 +26,7 @@ def test_default_rungs_follow_the_source_and_are_cumulative():
     ladder = build_ladder(load_workload("sd", "tiny"), None, Recipe())
     names = [r.name for r, _ in ladder]
     assert names == ["fp32", "tf32", "bf16", "dataloader", "fused-optim", "flash-attn",
-                     "ema-stream", "compile", "cuda-graphs"]
+                     "ema-stream", "channels-last", "compile", "cuda-graphs"]
     last = ladder[-1][1]
     assert last.precision == "bf16-mixed" and last.optimizer_impl == "fused"
     assert last.ema == "side-stream" and last.compile == "regional" and last.cuda_graphs

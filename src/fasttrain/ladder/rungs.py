@@ -17,7 +17,7 @@ class Rung:
     name: str
     changes: dict[str, Any]
     comment: str
-    when: str = "always"  # always | ema (only where the workload keeps an EMA)
+    when: str = "always"  # always | ema (workload keeps an EMA) | channels_last (conv-heavy)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -39,6 +39,7 @@ def default_rungs(workload: Workload) -> list[Rung]:
         Rung("flash-attn", {"attention": "auto"}, "fused SDPA attention (flash where it can)"),
         Rung("ema-stream", {"ema": "side-stream"}, "foreach EMA on a side CUDA stream",
              when="ema"),
+        Rung("channels-last", {"channels_last": True}, "NHWC convolutions", when="channels_last"),
         Rung("compile", {"compile": scope}, f"torch.compile ({scope})"),
         Rung("cuda-graphs", {"cuda_graphs": True}, "whole-step CUDA graph"),
     ]
@@ -49,7 +50,9 @@ RUNG_SETS = {"default": default_rungs}
 
 def build_ladder(workload: Workload, names: list[str] | None, base: Recipe) -> list[tuple[Rung, Recipe]]:
     """(rung, cumulative recipe) pairs; ``names`` picks a subset in order (cumulative over it)."""
-    rungs = [r for r in default_rungs(workload) if r.when == "always" or workload.has_ema]
+    wants = {"always": True, "ema": workload.has_ema,
+             "channels_last": getattr(workload, "prefers_channels_last", False)}
+    rungs = [r for r in default_rungs(workload) if wants[r.when]]
     if names and names != ["default"]:
         by_name = {r.name: r for r in default_rungs(workload)}
         unknown = [n for n in names if n not in by_name]

@@ -142,8 +142,7 @@ def _peer_row(spec, wl, env, workdir, ref, on_start, on_row, n) -> dict:
     batch = spec.base.batch or wl.default_batch
     args = [spec.workload, "--size", spec.size, "--batch", str(batch), "--steps",
             str(spec.steps), "--warmup", str(spec.warmup), "--out", str(out)]
-    if spec.device == "cpu":
-        args += ["--device", "cpu"]
+    args += ["--device", spec.device] + (["--tiny"] if spec.size == "tiny" else [])
     err = _run_child("fasttrain.peers", args, spec.rung_timeout, workdir / "peer.log")
     lines = out.read_text().splitlines() if out.exists() else []
     row = json.loads(lines[-1]) if lines else {"kind": "peer", "workload": spec.workload,
