@@ -55,6 +55,8 @@ class Recipe:
     """Asynchronous host→device copies (effective with pin_memory)."""
     prefetch_factor: int = 2
     """Batches each worker prepares ahead."""
+    device_prefetch: bool = False
+    """Copy the next step's batch to the GPU on a side stream while this step computes."""
     compile: str = "none"
     """torch.compile: none | model (whole model) | regional (each repeated block; faster warm-up)."""
     compile_mode: str = "default"

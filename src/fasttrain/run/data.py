@@ -55,3 +55,49 @@ def make_loader(workload: Workload, micro_batch: int, seed: int, dataset: Datase
 def to_device(batch: Batch, device: torch.device, non_blocking: bool) -> Batch:
     return {k: v.to(device, non_blocking=non_blocking) if torch.is_tensor(v) else v
             for k, v in batch.items()}
+
+
+class DevicePrefetcher:
+    """Copies the next step's micro-batches to the device on a side stream during this step.
+
+    The copy of batch i+1 overlaps step i's compute instead of queueing in front of it on the
+    compute stream (0.4 ms of 38 ms for ViT-B at batch 128 on an H200). ``record_stream`` tells
+    the caching allocator that the compute stream uses memory the copy stream allocated.
+    """
+
+    def __init__(self, it: Iterator[Batch], device: torch.device, micro: int):
+        self.it, self.device, self.micro = it, device, micro
+        self.stream = torch.cuda.Stream(device)
+        self.pending = self._load()
+
+    def _load(self) -> list[Batch]:
+        host = [next(self.it) for _ in range(self.micro)]
+        with torch.cuda.stream(self.stream):
+            return [to_device(b, self.device, True) for b in host]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list[Batch]:
+        main = torch.cuda.current_stream(self.device)
+        main.wait_stream(self.stream)
+        ready = self.pending
+        for mb in ready:
+            for t in mb.values():
+                if torch.is_tensor(t):
+                    t.record_stream(main)
+        self.pending = self._load()
+        return ready
+
+
+class HostBatches:
+    """The plain path: fetch and copy on the compute stream."""
+
+    def __init__(self, it: Iterator[Batch], device: torch.device, micro: int, non_blocking: bool):
+        self.it, self.device, self.micro, self.nb = it, device, micro, non_blocking
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list[Batch]:
+        return [to_device(next(self.it), self.device, self.nb) for _ in range(self.micro)]

@@ -24,7 +24,7 @@ from ..techniques import TrainState, apply_all, unmet_requirements
 from ..techniques import attention as attn
 from ..techniques.compile import graph_stats
 from ..workloads.base import Batch, Workload
-from .data import make_loader, to_device
+from .data import DevicePrefetcher, HostBatches, make_loader, to_device
 from .graphs import GraphedStep
 from .timer import PhaseTimer
 
@@ -192,7 +192,9 @@ def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
 def _measure(state: TrainState, dataset, flops, steps: int, warmup: int) -> RunResult:
     dev, wl, r = state.device, state.workload, state.recipe
     loader = make_loader(wl, state.micro_batch, r.seed, dataset=dataset, **state.loader_kwargs)
-    it, timer = iter(loader), PhaseTimer(dev)
+    it = (DevicePrefetcher(iter(loader), dev, r.accumulation) if state.device_prefetch
+          else HostBatches(iter(loader), dev, r.accumulation, state.non_blocking))
+    timer = PhaseTimer(dev)
     stepper, losses, host_wait, count = None, [], 0.0, 0
     t0 = time.perf_counter()
     # A captured graph keeps its activations in a private pool that counts as free between
@@ -207,7 +209,7 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int) -> RunR
         timer.step()
         timer.mark("data")
         h0 = time.perf_counter()
-        micro = [to_device(next(it), dev, state.non_blocking) for _ in range(r.accumulation)]
+        micro = next(it)
         host_wait += time.perf_counter() - h0
         if stepper is None:
             count = sum(wl.count(mb) for mb in micro)

@@ -41,6 +41,7 @@ class TrainState:
     ema: Any = None  # techniques.ema.Ema
     loader_kwargs: dict[str, Any] = field(default_factory=dict)
     non_blocking: bool = False
+    device_prefetch: bool = False  # copy the next batch on a side stream during this step
     autocast_cache: bool = True  # CUDA graph capture needs the autocast cache off
     applied: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

@@ -20,6 +20,9 @@ def apply(state: TrainState) -> str:
     if r.non_blocking and not kw["pin_memory"] and state.cuda:
         state.warn("dataloader", "non_blocking without pin_memory copies synchronously")
     state.loader_kwargs = kw
+    state.device_prefetch = r.device_prefetch and state.cuda
+    if r.device_prefetch and not state.cuda:
+        state.warn("dataloader", "device_prefetch needs CUDA; ignored")
     parts = [f"{r.workers} workers" if r.workers else "loading in the main process"]
     if kw["pin_memory"]:
         parts.append("pinned memory")
@@ -27,6 +30,8 @@ def apply(state: TrainState) -> str:
         parts.append("non_blocking copies")
     if r.workers:
         parts.append(f"prefetch {r.prefetch_factor}")
+    if state.device_prefetch:
+        parts.append("next batch copied on a side stream")
     return ", ".join(parts)
 
 
