@@ -80,6 +80,11 @@ def test_liger_missing_is_an_error_row(monkeypatch):
     assert row["error"].startswith("peer needs") and row["rung"] == "peer bf16"
 
 
+def test_size_tiny_means_tiny(fake_timm):
+    row = run_peer("vit", size="tiny", steps=1, warmup=0, device="cpu")
+    assert row["error"] is None and row["size"] == "tiny" and fake_timm[0][3] == 32
+
+
 def test_bad_arguments_are_error_rows(fake_timm):
     assert run_peer("nope", **FAST)["error"].startswith("ValueError: unknown peer workload")
     assert "unknown peer_recipe" in run_peer("vit", peer_recipe="fp8", **FAST)["error"]
@@ -132,7 +137,7 @@ def test_timm_tiny(workload):
 def test_gqa_flop_formulas_count_grouped_query_attention(monkeypatch):
     from torch.utils import flop_counter as fc
 
-    from fasttrain.peers.loop import gqa_flop_formulas
+    from fasttrain.flops import gqa_flop_formulas
 
     def strict(q, k, v):  # torch ≤ 2.12: equal heads asserted
         assert q[1] == k[1] == v[1]

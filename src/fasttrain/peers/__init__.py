@@ -62,6 +62,8 @@ def run_peer(workload: str, size: str = "base", batch: int | None = None, steps:
     from .loop import RECIPES, measure, precision_flags
 
     peer_recipe = peer_recipe or (PEERS[workload][1] if workload in PEERS else "bf16+compile")
+    if size == "tiny":  # the ladder's size name for the miniature
+        size, tiny = "base", True
     row = dict.fromkeys(ROW_KEYS)
     row.update(kind="peer", peer=f"{workload} {peer_recipe}", workload=workload,
                size="tiny" if tiny else size, rung=f"peer {peer_recipe}", batch=batch, steps=steps,

@@ -110,6 +110,8 @@ def count_flops(spec: PeerSpec, recipe: PeerRecipe, device: torch.device) -> int
     from torch.utils.flop_counter import FlopCounterMode
 
     try:
+        from ..flops import gqa_flop_formulas
+
         with gqa_flop_formulas(), FlopCounterMode(display=False) as counter:
             with autocast(recipe, device):
                 loss = spec.loss(spec.modules)
@@ -117,32 +119,6 @@ def count_flops(spec: PeerSpec, recipe: PeerRecipe, device: torch.device) -> int
     finally:
         spec.trainable.zero_grad(set_to_none=True)
     return int(counter.get_total_flops())
-
-
-@contextlib.contextmanager
-def gqa_flop_formulas():
-    """Let FlopCounterMode count grouped-query attention (HF Llama calls sdpa with 8 k/v heads for
-    32 query heads, ``enable_gqa``). torch ≤ 2.12's formulas assert equal heads; count it as if
-    k/v were repeated to the query heads, as torch 2.13 does. A no-op where torch already can."""
-    from torch.utils import flop_counter as fc
-
-    fwd, bwd = getattr(fc, "sdpa_flop_count", None), getattr(fc, "sdpa_backward_flop_count", None)
-    try:
-        needed = fwd is not None and bwd is not None and not fwd((1, 2, 3, 4), (1, 1, 3, 4), (1, 1, 3, 4))
-    except AssertionError:
-        needed = True
-
-    def heads_of_q(q, kv):  # (B, H_kv, S, D) → (B, H_q, S, D)
-        return (kv[0], q[1], kv[2], kv[3])
-
-    if needed:
-        fc.sdpa_flop_count = lambda q, k, v: fwd(q, heads_of_q(q, k), heads_of_q(q, v))
-        fc.sdpa_backward_flop_count = lambda g, q, k, v: bwd(g, q, heads_of_q(q, k), heads_of_q(q, v))
-    try:
-        yield
-    finally:
-        if needed:
-            fc.sdpa_flop_count, fc.sdpa_backward_flop_count = fwd, bwd
 
 
 def make_step(spec: PeerSpec, mods: dict, recipe: PeerRecipe, device: torch.device) -> Callable:
@@ -226,15 +202,10 @@ def timed_loop(step: Callable, steps: int, warmup: int, device: torch.device) ->
 
 
 def peak_flops(device: torch.device) -> float | None:
-    """Dense bf16 peak of the device from a table (DESIGN.md); None on CPU or unknown GPUs."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    if "H100" in name or "H200" in name:
-        return 989.4e12
-    if "A100" in name:
-        return 312e12
-    return None
+    """Dense bf16 peak of the device (the table in fasttrain.env); None on CPU or unknown GPUs."""
+    from ..env import device_peak
+
+    return device_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
 def measure(spec: PeerSpec, recipe: PeerRecipe, device: torch.device, steps: int, warmup: int,

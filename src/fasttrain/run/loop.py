@@ -8,6 +8,7 @@ capture, allocator warm-up) and ``steps`` timed steps follow. Phases are timed w
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,6 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..env import device_peak
 from ..errors import FasttrainError
+from ..flops import gqa_flop_formulas
 from ..recipe import Recipe
 from ..techniques import TrainState, apply_all, unmet_requirements
 from ..techniques import attention as attn
@@ -74,21 +76,33 @@ def _seed(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
+def _probe_step(state: TrainState, batch: Batch, count: int, count_flops: bool):
+    reasons = attn.FallbackReasons(state.recipe.attention)
+    flops = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
+    try:
+        with gqa_flop_formulas(), flops, profile(activities=[ProfilerActivity.CPU]) as prof:
+            with reasons, state.step_context():
+                loss = state.workload.loss(state.model, batch) / count
+            loss.backward()
+    finally:
+        for p in state.model.parameters():
+            p.grad = None
+    return (float(flops.get_total_flops()) if count_flops else None), prof, reasons
+
+
 def _probe(state: TrainState, batch: Batch, count: int) -> tuple[float | None, str]:
     """One eager forward+backward: model FLOPs and the attention kernels that ran."""
-    reasons = attn.FallbackReasons(state.recipe.attention)
-    acts = [ProfilerActivity.CPU]
-    with FlopCounterMode(display=False) as flops, profile(activities=acts) as prof, reasons:
-        with state.step_context():
-            loss = state.workload.loss(state.model, batch) / count
-        loss.backward()
-    for p in state.model.parameters():
-        p.grad = None
+    try:
+        flops, prof, reasons = _probe_step(state, batch, count, count_flops=True)
+    except (AssertionError, NotImplementedError) as err:  # a FLOP formula this torch lacks
+        state.warn("flops", f"FLOP counting failed ({str(err)[:80]}); TFLOP/s from the ladder's "
+                   "baseline where there is one")
+        flops, prof, reasons = _probe_step(state, batch, count, count_flops=False)
     line, fell_back = attn.verdict(state.recipe.attention, attn.kernels_from_profile(prof),
                                    reasons.reasons)
     if fell_back:
         state.warn("attention", line)
-    return float(flops.get_total_flops()), line
+    return flops, line
 
 
 class _Stepper:
@@ -173,7 +187,7 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device):
     flops, line = _probe(state, probe_batch, workload.count(probe_batch))
     state.applied["attention"] = f"{state.applied.get('attention', '')}; {line}".lstrip("; ")
     apply_all(state, after=attn.TECHNIQUE.phase)  # compile, optimizer, EMA, loader, graphs
-    return state, dataset, flops * recipe.accumulation
+    return state, dataset, (flops * recipe.accumulation if flops else None)
 
 
 def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
