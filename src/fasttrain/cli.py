@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     lad = sub.add_parser("ladder", help="measure cumulative speed-up rungs, each with parity")
     _common(lad)
     lad.add_argument("--rungs", default="default",
-                     help="comma-separated rung names, or 'default'")
+                     help="comma-separated rung names, 'default', or 'none' (only --peer)")
     lad.add_argument("--out", default="out", help="folder for the JSONL rows (default out/)")
     lad.add_argument("--peer", action="store_true",
                      help="also run the public-code peer (bf16 + fused AdamW + compile)")

@@ -23,7 +23,8 @@ class Rung:
 
 def default_workers() -> int:
     """Enough loader processes to feed a GPU without starving the training process."""
-    return max(1, min(12, (os.cpu_count() or 2) - 2))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(12, (cpus or 2) - 2))
 
 
 def default_rungs(workload: Workload) -> list[Rung]:
@@ -54,6 +55,8 @@ def build_ladder(workload: Workload, names: list[str] | None, base: Recipe) -> l
     wants = {"always": True, "ema": workload.has_ema,
              "channels_last": getattr(workload, "prefers_channels_last", False)}
     rungs = [r for r in default_rungs(workload) if wants[r.when]]
+    if names == ["none"]:  # only the peer
+        return []
     if names and names != ["default"]:
         by_name = {r.name: r for r in default_rungs(workload)}
         unknown = [n for n in names if n not in by_name]

@@ -11,10 +11,10 @@ import torch
 from .base import Technique, TrainState
 
 
-def build(params, recipe, capturable: bool = False) -> torch.optim.Optimizer:
+def build(params, recipe, lr: float, capturable: bool = False) -> torch.optim.Optimizer:
     impl = recipe.optimizer_impl
     return torch.optim.AdamW(
-        params, lr=recipe.lr, weight_decay=recipe.weight_decay,
+        params, lr=lr, weight_decay=recipe.weight_decay,
         foreach=(impl == "foreach"), fused=(impl == "fused") or None,
         capturable=capturable)
 
@@ -25,9 +25,10 @@ def apply(state: TrainState) -> str:
         raise ValueError("the trainable module has no parameters that require grad")
     # CUDA graph replay needs the step count on the device (capturable) so no host sync occurs.
     capturable = state.recipe.cuda_graphs and state.cuda
-    state.optimizer = build(params, state.recipe, capturable)
+    lr = state.recipe.lr or state.workload.reference_lr
+    state.optimizer = build(params, state.recipe, lr, capturable)
     n = sum(p.numel() for p in params)
-    return (f"AdamW {state.recipe.optimizer_impl} over {len(params)} tensors "
+    return (f"AdamW {state.recipe.optimizer_impl}, lr {lr:g}, over {len(params)} tensors "
             f"({n / 1e6:.1f} M params){', capturable' if capturable else ''}")
 
 

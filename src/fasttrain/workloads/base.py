@@ -29,6 +29,7 @@ class Workload:
     default_batch: int = 8
     has_ema: bool = False  # the reference recipe keeps an EMA of the trainable module
     conv: bool = False  # channels_last is meaningful
+    reference_lr: float = 1e-4  # the learning rate of a recipe that leaves lr at 0
     compile_scope: str = "model"  # what the ladder's compile rung compiles: model | regional
 
     def build_model(self) -> nn.Module:

@@ -188,6 +188,7 @@ class SDWorkload(Workload):
     name, unit, conv, has_ema = "sd", "img", True, True
     # Whole-pipeline compile takes minutes (the peer: 276 s); per-block compile takes far less.
     compile_scope = "regional"
+    reference_lr = 1e-5  # the Hugging Face text-to-image recipe's constant rate
     prefers_channels_last = True  # a convolution UNet and VAE: the ladder tries NHWC
 
     def __init__(self, size: str, seed: int, data: str | None):
