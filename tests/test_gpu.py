@@ -36,7 +36,9 @@ def test_cuda_graph_step_matches_eager_losses():
     wl = load_workload("vit", "tiny")
     base = Recipe(precision="bf16-mixed", optimizer_impl="fused", attention="auto")
     eager = train(wl, base, steps=6, warmup=4, device="cuda")
-    graphed = train(wl, base.replace(cuda_graphs=True), steps=6, warmup=4, device="cuda")
+    graphed = train(wl, base.replace(cuda_graphs=True, workers=1, pin_memory=True,
+                                     device_prefetch=True), steps=6, warmup=4, device="cuda")
+    assert any("device_prefetch is off" in w for w in graphed.warnings)
     torch.testing.assert_close(torch.tensor(graphed.losses), torch.tensor(eager.losses),
                                rtol=2e-3, atol=0)
     assert "graph" in graphed.phases_s

@@ -20,9 +20,15 @@ def apply(state: TrainState) -> str:
     if r.non_blocking and not kw["pin_memory"] and state.cuda:
         state.warn("dataloader", "non_blocking without pin_memory copies synchronously")
     state.loader_kwargs = kw
-    state.device_prefetch = r.device_prefetch and state.cuda
+    # Under CUDA graphs the step copies each batch into static inputs; a copy stream whose
+    # blocks carry record_stream events makes the allocator query events during capture, which
+    # invalidates the capture (seen on the H200: "operation failed due to a previous error
+    # during capture"). So prefetch stays off there.
+    state.device_prefetch = r.device_prefetch and state.cuda and not r.cuda_graphs
     if r.device_prefetch and not state.cuda:
         state.warn("dataloader", "device_prefetch needs CUDA; ignored")
+    elif r.device_prefetch and r.cuda_graphs:
+        state.warn("dataloader", "device_prefetch is off under cuda_graphs (static inputs)")
     parts = [f"{r.workers} workers" if r.workers else "loading in the main process"]
     if kw["pin_memory"]:
         parts.append("pinned memory")
