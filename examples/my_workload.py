@@ -5,7 +5,6 @@
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import TensorDataset
 
 from fasttrain import SimpleWorkload
 

@@ -131,6 +131,18 @@ class ImageFiles(Dataset):
         return item
 
 
+def classification_images(folder: str | Path | None, image: int, classes: int, tiny: bool,
+                          seed: int) -> ImageFiles:
+    """The user's image folder, or synthetic JPEGs written once (stored at 8/7 of the crop: 256 px
+    for 224 px crops, so random crops have room)."""
+    if folder is None:
+        stored = image * 8 // 7
+        count = 256 if tiny else 2048
+        folder = write_synthetic_images(cache_root() / f"images-{stored}px-{count}-c{classes}",
+                                        count, stored, classes, seed=1234)
+    return ImageFiles(Path(folder), image, seed=seed)
+
+
 def normalize_images(images: torch.Tensor, dtype: torch.dtype,
                      channels_last: bool = False) -> torch.Tensor:
     """uint8 (B, H, W, 3) → normalised float (B, 3, H, W) on the images' device."""

@@ -19,7 +19,7 @@ from torch import nn
 from ..layers.attention import attention
 from ..layers.mlp import Mlp
 from .base import Workload
-from .data import ImageFiles, cache_root, normalize_images, write_synthetic_images
+from .data import ImageFiles, classification_images, normalize_images
 
 MASKED = -100.0  # timm's value: exp(-100) underflows to 0 after softmax, yet stays finite in bf16
 
@@ -234,14 +234,8 @@ class SwinWorkload(Workload):
         return Swin(self.cfg)
 
     def dataset(self) -> ImageFiles:
-        folder = self.data_dir
-        if folder is None:
-            stored = self.cfg.image * 8 // 7  # stored at 256 px for 224 px crops
-            count = 256 if self.size == "tiny" else 2048
-            folder = write_synthetic_images(
-                cache_root() / f"images-{stored}px-{count}-c{self.cfg.classes}",
-                count, stored, self.cfg.classes, seed=1234)
-        return ImageFiles(folder, self.cfg.image, seed=self.seed)
+        return classification_images(self.data_dir, self.cfg.image, self.cfg.classes,
+                                     tiny=self.size == "tiny", seed=self.seed)
 
     def describe(self) -> dict:
         return {**super().describe(), **({"variant": self.variant} if self.variant else {})}

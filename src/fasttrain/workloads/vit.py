@@ -15,7 +15,7 @@ from torch import nn
 from ..layers.attention import attention
 from ..layers.mlp import Mlp
 from .base import Workload
-from .data import ImageFiles, cache_root, normalize_images, write_synthetic_images
+from .data import ImageFiles, classification_images, normalize_images
 
 
 @dataclass(frozen=True)
@@ -115,14 +115,8 @@ class ViTWorkload(Workload):
         return ViT(self.cfg, self.pool, self.batch_second)
 
     def dataset(self) -> ImageFiles:
-        folder = self.data_dir
-        if folder is None:
-            stored = self.cfg.image * 8 // 7  # stored at 256 px for 224 px crops
-            count = 256 if self.size == "tiny" else 2048
-            folder = write_synthetic_images(
-                cache_root() / f"images-{stored}px-{count}-c{self.cfg.classes}",
-                count, stored, self.cfg.classes, seed=1234)
-        return ImageFiles(folder, self.cfg.image, seed=self.seed)
+        return classification_images(self.data_dir, self.cfg.image, self.cfg.classes,
+                                     tiny=self.size == "tiny", seed=self.seed)
 
 
 def make(size: str = "tiny", seed: int = 0, data: str | None = None, pool: str = "cls",
