@@ -11,3 +11,40 @@ def broken_workload(size="tiny", seed=0, data=None):
     return SimpleWorkload(name="broken", build=lambda: torch.nn.Linear(2, 2),
                           data=lambda: [{"x": torch.zeros(2)} for _ in range(8)],
                           loss_fn=boom, default_batch=2)
+
+
+class _SlowData(torch.utils.data.Dataset):
+    """Items that take 15 ms each to load: a data-bound workload."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(0.015)
+        return {"x": torch.full((16,), float(i % 7)), "y": torch.tensor(i % 3)}
+
+
+def slow_data_workload(size="tiny", seed=0, data=None):
+    import torch.nn.functional as F
+
+    return SimpleWorkload(name="slow-data", build=lambda: torch.nn.Linear(16, 3), data=_SlowData,
+                          loss_fn=lambda m, b: F.cross_entropy(m(b["x"]), b["y"], reduction="sum"),
+                          default_batch=4)
+
+
+_KEPT: list = []
+
+
+def leaky_workload(size="tiny", seed=0, data=None):
+    """Keeps every step's activations alive (a classic leak: storing the loss with its graph)."""
+    import torch.nn.functional as F
+
+    def loss(m, b):
+        out = F.cross_entropy(m(b["x"]), b["y"], reduction="sum")
+        _KEPT.append(torch.empty(4 * 1024 * 1024, device=b["x"].device))  # 16 MiB a step
+        return out
+
+    return SimpleWorkload(name="leaky", build=lambda: torch.nn.Linear(16, 3), data=_SlowData,
+                          loss_fn=loss, default_batch=4)

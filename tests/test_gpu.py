@@ -69,3 +69,24 @@ def test_device_prefetch_gives_the_same_batches():
     pre = train(wl, base.replace(device_prefetch=True), steps=5, warmup=1, device="cuda")
     assert "side stream" in pre.applied["dataloader"]
     assert pre.losses == plain.losses
+
+
+def test_profile_on_cuda_has_kernels_memory_and_a_trace(tmp_path):
+    from fasttrain.profile.runner import run_profile
+
+    p = run_profile(load_workload("vit", "tiny"), Recipe(), "cuda", steps=3, warmup=2, active=2,
+                    trace_dir=tmp_path, snapshot=tmp_path / "snap.pickle")
+    k, m = p["kernels"], p["memory"]
+    assert k["launches_per_step"] > 10 and abs(sum(k["share"].values()) - 1) < 1e-6
+    assert m["peak_allocated_mib"] > 0 and m["device_used_mib"] >= m["peak_reserved_mib"]
+    assert (tmp_path / "snap.pickle").exists() and k["trace"]["mb"] < 20
+    assert "precision" in {f["rule"] for f in p["findings"]}
+
+
+def test_memory_growth_rule_catches_a_leak_on_cuda():
+    from fasttrain.profile.runner import run_profile
+    from tests.helpers import leaky_workload
+
+    p = run_profile(leaky_workload(), Recipe(), "cuda", steps=4, warmup=1, active=1)
+    assert p["memory"]["growth_mib_per_step"] > 10
+    assert "memory_growth" in {f["rule"] for f in p["findings"]}

@@ -56,6 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     lad.add_argument("--rung-timeout", type=float, default=None, help="seconds per rung")
     tr = sub.add_parser("train", help="one measured run of a recipe; prints its row")
     _common(tr)
+    pro = sub.add_parser("profile", help="where a step's time and memory go; what to switch on")
+    _common(pro)
+    pro.set_defaults(steps=10)
+    pro.add_argument("--active", type=int, default=3, help="steps under torch.profiler")
+    pro.add_argument("--out", default="out", help="folder for the row and the trace")
+    pro.add_argument("--memory-snapshot", action="store_true",
+                     help="record a memory-history snapshot (CUDA; pytorch.org/memory_viz)")
+    pro.add_argument("--suggest-recipe", default=None, metavar="FILE.toml",
+                     help="write the advice as a recipe that `fasttrain ladder --recipe` measures")
     rep = sub.add_parser("report", help="render result rows (JSONL) as a table")
     rep.add_argument("rows", nargs="+")
     rep.add_argument("--markdown", action="store_true")
@@ -126,6 +135,41 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    from .ladder.runner import append_row
+    from .profile.advisor import Finding, suggest_recipe
+    from .profile.runner import run_profile
+    from .recipe import to_toml
+    from .report.live import default_console
+    from .report.profile import render
+    from .workloads import load_workload
+
+    device = _device(args.device)
+    size = args.size or ("base" if device.startswith("cuda") else "tiny")
+    if args.steps < 2 or args.active < 1 or args.warmup < 0:
+        raise FasttrainError("profile: --steps must be >= 2, --active >= 1, --warmup >= 0")
+    recipe = _base_recipe(args)
+    wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **_options(args.opt))
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = args.workload.replace(":", "_").replace(".", "_")
+    folder = Path(args.out) / f"profile-{name}-{size}-{stamp}"
+    snap = folder / "memory-snapshot.pickle" if args.memory_snapshot else None
+    row = run_profile(wl, recipe, device, steps=args.steps, warmup=args.warmup,
+                      active=args.active, trace_dir=folder, snapshot=snap)
+    append_row(folder / "profile.jsonl", row)
+    default_console().print(render(row))
+    print(f"row: {folder / 'profile.jsonl'}")
+    if args.suggest_recipe:
+        findings = [Finding(**f) for f in row["findings"]]
+        better = suggest_recipe(recipe, findings)
+        note = "\n".join(f"{f.rule}: {f.evidence}" for f in findings) or "no findings"
+        Path(args.suggest_recipe).write_text(to_toml(better, comment=f"fasttrain profile "
+                                             f"{args.workload} {size}\n{note}"))
+        print(f"suggested recipe: {args.suggest_recipe} "
+              f"(measure it: fasttrain ladder {args.workload} --recipe {args.suggest_recipe})")
+    return 0
+
+
 def cmd_report(args) -> int:
     from rich.console import Console
 
@@ -150,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, target in REGISTRY.items():
                 print(f"{name:8s} {target}")
             return 0
-        return {"ladder": cmd_ladder, "train": cmd_train, "report": cmd_report}[args.command](args)
+        return {"ladder": cmd_ladder, "train": cmd_train, "profile": cmd_profile,
+                "report": cmd_report}[args.command](args)
     except FasttrainError as err:
         print(f"fasttrain: error: {err}", file=sys.stderr)
         return 2

@@ -56,6 +56,9 @@ class RunResult:
     applied: dict[str, str]
     warnings: list[str] = field(default_factory=list)
     compile: dict[str, int] | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    phase_steps_s: dict[str, list[float]] = field(default_factory=dict)
+    observed: dict[str, Any] = field(default_factory=dict)
 
     def to_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,25 +193,48 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device):
     return state, dataset, (flops * recipe.accumulation if flops else None)
 
 
+class Observer:
+    """Watches a run (the profiler's hooks): attached after the techniques, called around every
+    step (warm-up included, ``step`` counts from 0), reported into ``RunResult.observed``."""
+
+    name = "observer"
+    labels = False  # ask the phase timer for record_function labels
+
+    def attach(self, state: TrainState) -> None: ...
+
+    def begin(self, step: int) -> None: ...
+
+    def end(self, step: int) -> None: ...
+
+    def report(self) -> dict[str, Any]:
+        return {}
+
+
 def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
-          device: str | torch.device | None = None) -> RunResult:
+          device: str | torch.device | None = None,
+          observers: tuple[Observer, ...] = ()) -> RunResult:
     """Run ``warmup`` + ``steps`` optimizer steps of ``workload`` under ``recipe``; measure."""
     dev = resolve_device(device)
     if recipe.cuda_graphs:
         warmup = max(warmup, 4)  # 3 eager steps, then capture + first replay
     state, dataset, flops = prepare(workload, recipe, dev)
     try:
-        return _measure(state, dataset, flops, steps, warmup)
+        for obs in observers:
+            obs.attach(state)
+        res = _measure(state, dataset, flops, steps, warmup, observers)
+        res.observed = {obs.name: obs.report() for obs in observers}
+        return res
     finally:
         state.restore.close()
 
 
-def _measure(state: TrainState, dataset, flops, steps: int, warmup: int) -> RunResult:
+def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
+             observers: tuple[Observer, ...] = ()) -> RunResult:
     dev, wl, r = state.device, state.workload, state.recipe
     loader = make_loader(wl, state.micro_batch, r.seed, dataset=dataset, **state.loader_kwargs)
     it = (DevicePrefetcher(iter(loader), dev, r.accumulation) if state.device_prefetch
           else HostBatches(iter(loader), dev, r.accumulation, state.non_blocking))
-    timer = PhaseTimer(dev)
+    timer = PhaseTimer(dev, labels=any(o.labels for o in observers))
     stepper, losses, host_wait, count = None, [], 0.0, 0
     t0 = time.perf_counter()
     # A captured graph keeps its activations in a private pool that counts as free between
@@ -221,6 +247,8 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int) -> RunR
         if i == warmup:
             warmup_s, host_wait = time.perf_counter() - t0, 0.0
         timer.step()
+        for obs in observers:
+            obs.begin(i)
         timer.mark("data")
         h0 = time.perf_counter()
         micro = next(it)
@@ -229,6 +257,8 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int) -> RunR
             count = sum(wl.count(mb) for mb in micro)
             stepper = _Stepper(state, timer, count)
         losses.append(stepper(micro))
+        for obs in observers:
+            obs.end(i)
     timer.finish()
     if warmup == 0:
         warmup_s = 0.0
@@ -255,4 +285,5 @@ def _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait)
         warmup_s=warmup_s, losses=[float(x) for x in torch.stack(losses).float().cpu()],
         phases_s={k: statistics.median(v) for k, v in phases.items()},
         data_wait_host_s=host_wait, applied=dict(state.applied), warnings=list(state.warnings),
-        compile=graph_stats() if state.recipe.compile != "none" else None)
+        compile=graph_stats() if state.recipe.compile != "none" else None,
+        step_times_s=list(totals), phase_steps_s=phases)

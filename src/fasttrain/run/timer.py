@@ -15,10 +15,12 @@ import torch
 class PhaseTimer:
     """``mark(phase)`` closes the running phase and opens ``phase``; ``step()`` starts a step."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, labels: bool = False):
         self.cuda = device.type == "cuda"
+        self.labels = labels  # record_function("phase:…") ranges for profiler traces
         self.steps: list[list[tuple[str, object, object]]] = []
         self._open: tuple[str, object] | None = None
+        self._label = None
 
     def _now(self):
         if self.cuda:
@@ -33,11 +35,21 @@ class PhaseTimer:
         self._close(now)
         self.steps.append([])
         self._open = ("other", now)
+        self._relabel("other")
 
     def mark(self, phase: str) -> None:
         now = self._now()
         self._close(now)
         self._open = (phase, now)
+        self._relabel(phase)
+
+    def _relabel(self, phase: str) -> None:
+        if not self.labels:
+            return
+        if self._label is not None:
+            self._label.__exit__(None, None, None)
+        self._label = torch.profiler.record_function(f"phase:{phase}")
+        self._label.__enter__()
 
     def _close(self, now) -> None:
         if self._open is not None and self.steps:
@@ -47,6 +59,9 @@ class PhaseTimer:
 
     def finish(self) -> None:
         self._close(self._now())
+        if self._label is not None:
+            self._label.__exit__(None, None, None)
+            self._label = None
 
     def _elapsed(self, a, b) -> float:
         return a.elapsed_time(b) / 1e3 if self.cuda else b - a

@@ -1,0 +1,1 @@
+"""``fasttrain profile``: where a step's time and memory go, and what to switch on next."""

@@ -1,0 +1,149 @@
+"""Rule-based advice: each finding cites the number it rests on and the switch that addresses it.
+
+Rules read a profile (phases, kernels, memory, attention, compile) and return findings ranked by
+expected gain — a rough share of the step time the switch can save, from the measured share of
+what it removes. ``suggest_recipe`` applies every finding's switch to the profiled recipe, so
+``fasttrain ladder --recipe suggested.toml`` measures the advice instead of trusting it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from ..errors import FasttrainError
+from ..ladder.rungs import default_workers
+from ..recipe import Recipe
+
+
+@dataclass
+class Finding:
+    rule: str
+    evidence: str  # the measured number, in words
+    switch: dict[str, Any]  # recipe changes that address it ({} = no recipe switch)
+    gain: float  # expected share of the step saved (0..1), for ranking
+    env: dict[str, str] = field(default_factory=dict)  # environment settings, where that is the fix
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _share(p: dict, phase: str) -> float:
+    step = p.get("step_time_s") or 0.0
+    return (p.get("phases_s", {}).get(phase, 0.0) / step) if step else 0.0
+
+
+def data_wait(p: dict, r: Recipe) -> Finding | None:
+    share = _share(p, "data")
+    if share < 0.05:
+        return None
+    sw = {"workers": max(r.workers, default_workers()), "pin_memory": True, "non_blocking": True}
+    if p["device"] == "cuda":
+        sw["device_prefetch"] = True
+    return Finding("data_wait", f"data wait {share:.0%} of the step "
+                   f"({p['phases_s']['data'] * 1e3:.1f} ms, {r.workers} loader workers)", sw, share)
+
+
+def optimizer_unfused(p: dict, r: Recipe) -> Finding | None:
+    share = _share(p, "optimizer")
+    if r.optimizer_impl == "fused" or share < 0.03:
+        return None
+    kernels = p.get("kernels", {}).get("gpu_ms_per_step", {}).get("optimizer")
+    extra = f", {kernels:.1f} ms of optimizer kernels" if kernels else ""
+    return Finding("optimizer_unfused", f"optimizer {share:.0%} of the step with the "
+                   f"{r.optimizer_impl} AdamW{extra}", {"optimizer_impl": "fused"}, share * 0.7)
+
+
+def attention_math(p: dict, r: Recipe) -> Finding | None:
+    line = p.get("attention", "")
+    m = re.search(r"math x(\d+)", line)
+    if not m or p["device"] != "cuda":
+        return None
+    share = p.get("kernels", {}).get("share", {}).get("attention", 0.0)
+    why = line.split("fell back to math:", 1)[1].strip() if "fell back" in line else (
+        f"attention={r.attention}")
+    return Finding("attention_math", f"attention ran the math kernel {m.group(1)} times ({why})",
+                   {"attention": "auto"}, max(share, 0.1) * 0.5)
+
+
+def precision_fp32(p: dict, r: Recipe) -> Finding | None:
+    if r.precision not in ("fp32", "tf32") or p["device"] != "cuda":
+        return None
+    gemm = p.get("kernels", {}).get("share", {}).get("gemm", 0.0)
+    mfu = p.get("mfu")
+    ev = f"{r.precision} matmuls; GEMM {gemm:.0%} of GPU time" + (f", MFU {mfu:.0%}" if mfu else "")
+    return Finding("precision", ev, {"precision": "bf16-mixed"}, max(gemm, 0.2) * 0.5)
+
+
+def ema_per_tensor(p: dict, r: Recipe) -> Finding | None:
+    share = _share(p, "ema")
+    if "per-tensor" not in p.get("applied", {}).get("ema", "") or share < 0.02:
+        return None
+    return Finding("ema_per_tensor", f"EMA {share:.0%} of the step, one kernel per tensor",
+                   {"ema": "foreach"}, share * 0.7)
+
+
+def not_compiled(p: dict, r: Recipe) -> Finding | None:
+    if r.compile != "none":
+        return None
+    share = p.get("kernels", {}).get("share", {})
+    small = share.get("elementwise", 0.0) + share.get("norm/reduction", 0.0)
+    if p["device"] == "cuda" and small < 0.15:
+        return None
+    ev = (f"elementwise + norm kernels {small:.0%} of GPU time" if p["device"] == "cuda"
+          else "eager CPU execution")
+    return Finding("not_compiled", ev + " (fusion candidates)",
+                   {"compile": p.get("compile_scope", "model")}, max(small, 0.1) * 0.5)
+
+
+def launch_bound(p: dict, r: Recipe) -> Finding | None:
+    k = p.get("kernels", {})
+    idle, launches = k.get("idle_fraction", 0.0), k.get("launches_per_step", 0)
+    if p["device"] != "cuda" or idle < 0.10 or launches < 300 or r.cuda_graphs:
+        return None
+    ok = r.precision != "fp16-mixed" and r.accumulation == 1
+    return Finding("launch_bound", f"GPU idle {idle:.0%} of the window with {launches:,.0f} "
+                   "kernel launches per step", {"cuda_graphs": True} if ok else {}, idle * 0.8)
+
+
+def allocator_churn(p: dict, r: Recipe) -> Finding | None:
+    m = p.get("memory", {})
+    mallocs, pattern = m.get("cuda_malloc_per_step", 0.0), m.get("reserved_pattern")
+    if m.get("expandable_segments") or (mallocs < 1 and pattern != "saw-tooth"):
+        return None
+    return Finding("allocator_churn", f"{mallocs:.0f} cudaMalloc per step, reserved memory "
+                   f"{pattern} ({m.get('reserved_span_mib', 0):.0f} MiB span)", {}, 0.02,
+                   env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+
+
+def memory_growth(p: dict, r: Recipe) -> Finding | None:
+    g = p.get("memory", {}).get("growth_mib_per_step", 0.0)
+    if g < 1.0:
+        return None
+    return Finding("memory_growth", f"allocated memory grows {g:.1f} MiB per step (tensors kept "
+                   "alive across steps: losses or graphs held in Python?)", {}, 0.0)
+
+
+RULES: list[Callable[[dict, Recipe], Finding | None]] = [
+    data_wait, optimizer_unfused, attention_math, precision_fp32, ema_per_tensor, not_compiled,
+    launch_bound, allocator_churn, memory_growth]
+
+
+def advise(profile: dict, recipe: Recipe) -> list[Finding]:
+    """Findings of every rule, largest expected gain first."""
+    found = [f for rule in RULES if (f := rule(profile, recipe)) is not None]
+    return sorted(found, key=lambda f: -f.gain)
+
+
+def suggest_recipe(recipe: Recipe, findings: list[Finding]) -> Recipe:
+    """The profiled recipe with every finding's switch applied (and still valid)."""
+    changes: dict[str, Any] = {}
+    for f in findings:
+        changes.update(f.switch)
+    if changes.get("cuda_graphs") and (changes.get("precision", recipe.precision) == "fp16-mixed"):
+        changes.pop("cuda_graphs")
+    try:
+        return recipe.replace(**changes)
+    except FasttrainError:  # a combination the rules did not foresee: drop the graphs switch
+        changes.pop("cuda_graphs", None)
+        return recipe.replace(**changes)

@@ -1,0 +1,129 @@
+"""Kernel view: GPU time by category, launches per step, idle fraction, and a trace file.
+
+torch.profiler runs over a short scheduled window (wait / warm-up / active steps) inside the
+real loop; the phase timer adds ``phase:…`` record_function labels and the module timer
+``record_function`` ranges show up in the trace, which opens in Perfetto or TensorBoard.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shutil
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from ..run.loop import Observer
+from ..techniques.base import TrainState
+
+# Order matters: the first pattern that matches a kernel name wins.
+CATEGORIES: list[tuple[str, re.Pattern]] = [
+    ("communication", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter", re.I)),
+    ("memcpy", re.compile(r"memcpy|memset", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn.*(mha|sdp)", re.I)),
+    ("optimizer", re.compile(r"multi_tensor_apply|fused_adam|foreach|_fused_adamw|adam", re.I)),
+    ("gemm", re.compile(r"gemm|cutlass|xmma|cublas|nvjet|matmul|sm\d+_.*(h|s|bf)\d*gemm|wgmma"
+                        r"|triton_tem_|mm_", re.I)),
+    ("conv", re.compile(r"conv|implicit_gemm|cudnn|winograd|fprop|dgrad|wgrad", re.I)),
+    ("norm/reduction", re.compile(r"norm|reduce|softmax|triton_red_|triton_per_|sum_|mean|"
+                                  r"cross_entropy|nll_loss|log_softmax", re.I)),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|triton_poi_|copy|cast|fill|"
+                               r"index|cat|gelu|silu|add|mul", re.I)),
+]
+
+
+def categorize(name: str) -> str:
+    for cat, pat in CATEGORIES:
+        if pat.search(name):
+            return cat
+    return "other"
+
+
+def _union_length(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def kernel_summary(events, active_steps: int) -> dict:
+    """GPU time by category (µs → ms), launches per step, busy/idle over the window."""
+    by_cat: dict[str, float] = defaultdict(float)
+    top: Counter = Counter()
+    spans = []
+    for evt in events:
+        if evt.device_type != torch.autograd.DeviceType.CUDA or evt.time_range.elapsed_us() <= 0:
+            continue
+        us = evt.time_range.elapsed_us()
+        by_cat[categorize(evt.name)] += us
+        top[evt.name] += us
+        spans.append((evt.time_range.start, evt.time_range.end))
+    if not spans:
+        return {"kernels": 0}
+    window = max(b for _, b in spans) - min(a for a, _ in spans)
+    busy = _union_length(spans)
+    total = sum(by_cat.values())
+    return {
+        "kernels": len(spans), "launches_per_step": len(spans) / max(active_steps, 1),
+        "gpu_ms_per_step": {k: v / 1e3 / max(active_steps, 1) for k, v in
+                            sorted(by_cat.items(), key=lambda kv: -kv[1])},
+        "share": {k: v / total for k, v in by_cat.items()},
+        "idle_fraction": 1.0 - busy / window if window > 0 else 0.0,
+        "top_kernels": [(n[:120], us / 1e3 / max(active_steps, 1)) for n, us in top.most_common(8)],
+    }
+
+
+class KernelProfiler(Observer):
+    """torch.profiler over steps [start, start + active); writes a gzipped Chrome trace."""
+
+    name = "kernels"
+    labels = True
+
+    def __init__(self, start: int, active: int, trace_dir: Path | None):
+        self.start, self.active, self.trace_dir = start, active, trace_dir
+        self.prof = None
+        self.cuda = False
+        self.trace: dict = {}
+
+    def attach(self, state: TrainState) -> None:
+        self.cuda = state.cuda
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        wait = max(self.start - 1, 0)
+        self.prof = profile(activities=acts, record_shapes=False, with_stack=False,
+                            schedule=schedule(wait=wait, warmup=self.start - wait,
+                                              active=self.active, repeat=1),
+                            on_trace_ready=self._ready)
+        self.prof.__enter__()
+
+    def _ready(self, prof) -> None:
+        if self.trace_dir is None:
+            return
+        self.trace_dir.mkdir(parents=True, exist_ok=True)
+        raw = self.trace_dir / f"trace-{os.getpid()}.json"
+        prof.export_chrome_trace(str(raw))
+        gz = raw.with_name("trace.pt.trace.json.gz")
+        with open(raw, "rb") as src, gzip.open(gz, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        raw.unlink()
+        self.trace = {"path": str(gz), "mb": gz.stat().st_size / 1e6}
+
+    def end(self, step: int) -> None:
+        if self.prof is not None:
+            self.prof.step()
+
+    def report(self) -> dict:
+        if self.prof is None:
+            return {}
+        self.prof.__exit__(None, None, None)
+        out = {"window_steps": self.active, "trace": self.trace}
+        if self.cuda:
+            out.update(kernel_summary(self.prof.events(), self.active))
+        else:
+            out["note"] = "no GPU kernels on CPU; phases and memory only"
+        return out
