@@ -16,7 +16,12 @@ from .errors import FasttrainError
 
 PRECISIONS = ("fp32", "tf32", "fp16-mixed", "bf16-mixed", "bf16-true")
 ATTENTION = ("math", "flash", "efficient", "cudnn", "auto")
-OPTIMIZERS = ("adamw",)
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("constant", "cosine")
+CHECKPOINTING = ("none", "full", "selective")
+OFFLOAD = ("none", "optimizer")
+INIT = ("device", "host")
+ALLOCATOR = ("default", "expandable")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
 EMA_MODES = ("auto", "none", "per-tensor", "foreach", "side-stream")
 COMPILE = ("none", "model", "regional")
@@ -33,7 +38,9 @@ class Recipe:
     """SDPA backend: math (plain matmul+softmax) | flash | efficient | cudnn | auto (SDPA picks).
     A named fused backend is preferred with math as the last resort; the run reports which ran."""
     optimizer: str = "adamw"
-    """Optimizer algorithm."""
+    """adamw (two fp32 moments per weight) | sgd (momentum 0.9: one state tensor, the lean one)."""
+    schedule: str = "constant"
+    """Learning-rate schedule over the run: constant | cosine (to 0 at the last step)."""
     optimizer_impl: str = "forloop"
     """forloop (one kernel per tensor per op) | foreach (multi-tensor) | fused (one fused kernel)."""
     lr: float = 0.0
@@ -68,6 +75,21 @@ class Recipe:
     """Capture the whole training step (forward, backward, clip, optimizer) in one CUDA graph."""
     channels_last: bool = False
     """NHWC memory format for convolution workloads."""
+    checkpointing: str = "none"
+    """Activation checkpointing of the repeated blocks: none | full | selective (keeps matmul
+    and attention outputs, recomputes the elementwise ops)."""
+    checkpoint_every: int = 1
+    """Checkpoint every k-th block only (1 = all)."""
+    master_weights: bool = False
+    """With bf16-true: the optimizer updates an fp32 copy of the weights (bf16 model weights)."""
+    offload: str = "none"
+    """none | optimizer: optimizer state and fp32 master weights live in pinned CPU memory; the
+    update runs on the CPU (ZeRO-Offload style)."""
+    init: str = "device"
+    """device: weights created on the target device in the target dtype | host: on the CPU in
+    fp32, then moved and cast (the usual default, with its extra copies)."""
+    allocator: str = "default"
+    """CUDA caching allocator: default | expandable (expandable_segments; set before CUDA starts)."""
     accumulation: int = 1
     """Micro-batches per optimizer step; ``batch`` is split into this many equal parts."""
     batch: int = 0
@@ -100,6 +122,21 @@ def validate(r: Recipe) -> None:
     _choice("attention", r.attention, ATTENTION)
     _choice("optimizer", r.optimizer, OPTIMIZERS)
     _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
+    _choice("schedule", r.schedule, SCHEDULES)
+    _choice("checkpointing", r.checkpointing, CHECKPOINTING)
+    _choice("offload", r.offload, OFFLOAD)
+    _choice("init", r.init, INIT)
+    _choice("allocator", r.allocator, ALLOCATOR)
+    if r.checkpoint_every < 1:
+        raise FasttrainError(f"recipe: checkpoint_every must be >= 1, got {r.checkpoint_every}")
+    if r.master_weights and r.precision != "bf16-true":
+        raise FasttrainError("recipe: master_weights needs precision=bf16-true (mixed precision "
+                             "already keeps fp32 weights)")
+    if r.cuda_graphs and (r.offload != "none" or r.master_weights or r.schedule != "constant"):
+        raise FasttrainError("recipe: cuda_graphs captures a device-only step with a constant "
+                             "lr; turn off offload, master_weights and schedule")
+    if r.offload != "none" and r.precision == "fp16-mixed":
+        raise FasttrainError("recipe: offload with fp16-mixed is not supported; use bf16-mixed")
     _choice("ema", r.ema, EMA_MODES)
     _choice("compile", r.compile, COMPILE)
     _choice("compile_mode", r.compile_mode, COMPILE_MODES)

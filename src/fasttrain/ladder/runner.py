@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ..env import environment
 from ..recipe import Recipe
 from ..run.parity import compare
-from ..techniques import unmet_requirements
+from ..techniques import allocator, unmet_requirements
 from ..workloads import load_workload
 from .rungs import build_ladder
 
@@ -47,9 +47,10 @@ def append_row(path: Path, row: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _run_child(module: str, args: list[str], timeout: float | None, log: Path) -> str | None:
+def _run_child(module: str, args: list[str], timeout: float | None, log: Path,
+               extra_env: dict[str, str] | None = None) -> str | None:
     """Run ``python -m module args``; returns an error line or None."""
-    env = dict(os.environ)
+    env = {**os.environ, **(extra_env or {})}
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     with open(log, "w") as logf:
@@ -71,7 +72,7 @@ def run_rung(spec: LadderSpec, name: str, recipe: Recipe, workdir: Path) -> dict
     spec_path, row_path = workdir / f"{name}.spec.json", workdir / f"{name}.row.json"
     spec_path.write_text(json.dumps(child))
     err = _run_child("fasttrain.ladder.child", [str(spec_path), str(row_path)],
-                     spec.rung_timeout, workdir / f"{name}.log")
+                     spec.rung_timeout, workdir / f"{name}.log", allocator.child_env(recipe))
     row = json.loads(row_path.read_text()) if row_path.exists() else {}
     if err and not row.get("error"):
         row["error"] = err

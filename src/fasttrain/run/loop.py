@@ -23,6 +23,7 @@ from ..errors import FasttrainError
 from ..flops import gqa_flop_formulas
 from ..recipe import Recipe
 from ..techniques import TrainState, apply_all, unmet_requirements
+from ..techniques import allocator, init
 from ..techniques import attention as attn
 from ..techniques.compile import graph_stats
 from ..workloads.base import Batch, Workload
@@ -164,25 +165,29 @@ class _Stepper:
             s.scaler.update()
         else:
             s.optimizer.step()
+        if s.scheduler is not None:
+            s.scheduler.step()
         s.optimizer.zero_grad(set_to_none=True)
         return total
 
 
-def prepare(workload: Workload, recipe: Recipe, device: torch.device):
+def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_steps: int = 0):
     """Build the model and apply every technique; returns (state, dataset, probe line, flops)."""
     unmet = unmet_requirements(recipe, device.type)
     if unmet:
         raise FasttrainError("; ".join(unmet))
+    late = allocator.configure(recipe)
     _seed(recipe.seed)
-    with torch.device(device):
-        model = workload.build_model()
+    model = init.build_model(workload, recipe, device)
     model.train()
     batch = recipe.batch or workload.default_batch
     if batch % recipe.accumulation:
         raise FasttrainError(f"batch {batch} is not divisible by accumulation {recipe.accumulation}")
     state = TrainState(recipe=recipe, workload=workload, device=device, model=model,
                        trainable=workload.trainable(model),
-                       micro_batch=batch // recipe.accumulation)
+                       micro_batch=batch // recipe.accumulation, total_steps=total_steps)
+    if late:
+        state.warn("allocator", late)
     apply_all(state, upto=attn.TECHNIQUE.phase)  # layout, precision, attention backend
     dataset = workload.dataset()
     probe_batch = to_device(workload.collate([dataset[i] for i in range(state.micro_batch)]),
@@ -217,7 +222,7 @@ def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
     dev = resolve_device(device)
     if recipe.cuda_graphs:
         warmup = max(warmup, 4)  # 3 eager steps, then capture + first replay
-    state, dataset, flops = prepare(workload, recipe, dev)
+    state, dataset, flops = prepare(workload, recipe, dev, total_steps=warmup + steps)
     try:
         for obs in observers:
             obs.attach(state)

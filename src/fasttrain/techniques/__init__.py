@@ -1,9 +1,13 @@
 """Techniques, one module per switch, applied in a fixed phase order.
 
 Order and why:
+  init           the model is built before everything (on the device, in the target dtype).
+  allocator      before the first CUDA allocation of the process (checked, not assumed).
   channels_last  before precision and compile: compile specialises on the memory format.
   precision      before compile: bf16-true changes parameter dtypes that compile guards on.
   attention      a per-step context; before compile so the traced graph sees the backend.
+  checkpointing  wraps block forwards after the FLOP probe (recompute is not model FLOPs) and
+                 before compile, which must trace the checkpointed forward.
   compile        after all module surgery, before the optimizer: the optimizer must hold the
                  parameters that the compiled module uses (compile does not copy them).
   optimizer      after precision (bf16-true state is bf16) and on the final parameters.
@@ -19,8 +23,8 @@ import importlib
 from ..recipe import Recipe
 from .base import Technique, TrainState
 
-_MODULES = ("channels_last", "precision", "attention", "compile", "optimizer", "ema",
-            "dataloader", "cuda_graphs", "accumulation")
+_MODULES = ("init", "allocator", "channels_last", "precision", "attention", "checkpointing",
+            "compile", "optimizer", "ema", "dataloader", "cuda_graphs", "accumulation")
 
 
 def registry() -> list[Technique]:

@@ -35,8 +35,10 @@ class TrainState:
     model: nn.Module
     trainable: nn.Module
     micro_batch: int
+    total_steps: int = 0  # warm-up + timed steps (for schedules)
     step_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
     optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None  # torch.optim.lr_scheduler, stepped after every optimizer step
     scaler: Any = None  # torch.amp.GradScaler for fp16-mixed
     ema: Any = None  # techniques.ema.Ema
     loader_kwargs: dict[str, Any] = field(default_factory=dict)
