@@ -130,6 +130,11 @@ SMOKE = {
     "compile-regional": Recipe(compile="regional", compile_backend="eager"),
     "channels-last": Recipe(channels_last=True),
     "accumulation": Recipe(accumulation=2),
+    "checkpointing-selective": Recipe(checkpointing="selective"),
+    "offload": Recipe(offload="optimizer"),
+    "init-host": Recipe(init="host"),
+    "sgd-cosine": Recipe(optimizer="sgd", schedule="cosine"),
+    "master-weights": Recipe(precision="bf16-true", master_weights=True),
 }
 
 

@@ -65,6 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="record a memory-history snapshot (CUDA; pytorch.org/memory_viz)")
     pro.add_argument("--suggest-recipe", default=None, metavar="FILE.toml",
                      help="write the advice as a recipe that `fasttrain ladder --recipe` measures")
+    fit = sub.add_parser("fit", help="the largest batch that really fits (re-verified)")
+    _common(fit)
+    fit.set_defaults(steps=2, warmup=1)
+    fit.add_argument("--memory-budget", type=float, default=None, metavar="GiB",
+                     help="memory budget (default: the GPU's memory; required on CPU)")
+    fit.add_argument("--max-batch", type=int, default=4096)
+    fit.add_argument("--objective", choices=("fit", "throughput"), default="fit")
+    fit.add_argument("--headroom", type=float, default=0.05, help="fraction kept free (0.05)")
+    fit.add_argument("--out", default="out", help="folder for the trial rows")
     rep = sub.add_parser("report", help="render result rows (JSONL) as a table")
     rep.add_argument("rows", nargs="+")
     rep.add_argument("--markdown", action="store_true")
@@ -170,6 +179,51 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_fit(args) -> int:
+    from rich.table import Table
+
+    from .env import environment
+    from .ladder.fit import FitSpec, fit
+    from .ladder.runner import append_row
+    from .report.live import default_console
+
+    device = _device(args.device)
+    size = args.size or ("base" if device.startswith("cuda") else "tiny")
+    if not 0 <= args.headroom < 0.9 or args.max_batch < 1:
+        raise FasttrainError("fit: --headroom must be in [0, 0.9) and --max-batch >= 1")
+    if args.memory_budget is not None and args.memory_budget <= 0:
+        raise FasttrainError("fit: --memory-budget must be > 0 GiB")
+    spec = FitSpec(workload=args.workload, size=size, recipe=_base_recipe(args), device=device,
+                   budget_gib=args.memory_budget, max_batch=args.max_batch,
+                   headroom=args.headroom, objective=args.objective, steps=args.steps,
+                   warmup=args.warmup, data=args.data, options=_options(args.opt))
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) / f"fit-{args.workload.replace(':', '_')}-{size}-{stamp}.jsonl"
+    console, env = default_console(), environment(device)
+
+    def on_trial(row):
+        mark = "pass" if row["passed"] else f"fail: {row['error']}"
+        peak = f"{row['peak_gib']:.2f} GiB" if row.get("peak_gib") is not None else "–"
+        step = f"{row['step_time_s'] * 1e3:,.1f} ms" if row.get("step_time_s") else "–"
+        console.print(f"  trial batch {row['batch']:>6} ckpt={row['recipe']['checkpointing']:<9}"
+                      f" peak {peak:>11}  step {step:>10}  {mark}")
+        append_row(out, {**row, "env": env})
+
+    console.print(f"fasttrain fit · {args.workload} {size} · {device} · budget "
+                  f"{spec.budget_gib or 'device'} GiB, headroom {spec.headroom:.0%}")
+    ans = fit(spec, on_trial)
+    table = Table(title="answer (re-verified in a fresh process)", header_style="bold")
+    for col in ("batch", "checkpointing", "peak GiB", "ms/step", "throughput", "trials"):
+        table.add_column(col, justify="right")
+    table.add_row(str(ans["batch"]), ans["recipe"]["checkpointing"], f"{ans['peak_gib']:.2f}",
+                  f"{ans['step_time_s'] * 1e3:,.1f}", f"{ans['throughput']:,.1f} "
+                  f"{ans['throughput_unit']}", str(ans["trials"]))
+    console.print(table)
+    append_row(out, {**ans, "answer": True, "env": env})
+    print(f"rows: {out}")
+    return 0
+
+
 def cmd_report(args) -> int:
     from rich.console import Console
 
@@ -195,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:8s} {target}")
             return 0
         return {"ladder": cmd_ladder, "train": cmd_train, "profile": cmd_profile,
-                "report": cmd_report}[args.command](args)
+                "fit": cmd_fit, "report": cmd_report}[args.command](args)
     except FasttrainError as err:
         print(f"fasttrain: error: {err}", file=sys.stderr)
         return 2

@@ -18,7 +18,8 @@ class Rung:
     changes: dict[str, Any]
     comment: str
     when: str = "always"  # always | ema (workload keeps an EMA) | channels_last (conv-heavy)
-    extra: dict[str, Any] = field(default_factory=dict)
+    parity: str = "base"  # base: against the first rung | previous: the rung before | none
+    parity_note: str = ""  # why a rung has no parity check
 
 
 def default_workers() -> int:
@@ -47,7 +48,29 @@ def default_rungs(workload: Workload) -> list[Rung]:
     ]
 
 
-RUNG_SETS = {"default": default_rungs}
+def memory_rungs(workload: Workload) -> list[Rung]:
+    """seeds/002's memory ladder (ViT-L): each rung cuts the peak at the same effective batch.
+    The base builds the model the usual way (CPU, fp32, then moved) so init-on-device shows."""
+    k = 4
+    return [
+        Rung("fp32", {"precision": "fp32", "init": "host", "attention": "auto"},
+             "baseline: fp32, weights built on the CPU then moved"),
+        Rung("bf16-mixed", {"precision": "bf16-mixed"}, "bf16 autocast"),
+        Rung("bf16-true", {"precision": "bf16-true"}, "bf16 weights, gradients, optimizer state"),
+        Rung("micro-batches", {"accumulation": k}, f"{k} micro-batches, same effective batch",
+             parity="previous"),
+        Rung("sgd", {"optimizer": "sgd", "schedule": "cosine"}, "SGD momentum + cosine: one "
+             "state tensor", parity="none", parity_note="a different optimizer, by design"),
+        Rung("init-device", {"init": "device"}, "weights created on the device in bf16",
+             parity="none", parity_note="device RNG draws other initial weights"),
+        Rung("checkpointing", {"checkpointing": "full"}, "activation checkpointing",
+             parity="previous"),
+        Rung("offload", {"offload": "optimizer"}, "optimizer state in pinned CPU memory",
+             parity="previous"),
+    ]
+
+
+RUNG_SETS = {"default": default_rungs, "memory": memory_rungs}
 
 
 def build_ladder(workload: Workload, names: list[str] | None, base: Recipe) -> list[tuple[Rung, Recipe]]:
@@ -57,8 +80,10 @@ def build_ladder(workload: Workload, names: list[str] | None, base: Recipe) -> l
     rungs = [r for r in default_rungs(workload) if wants[r.when]]
     if names == ["none"]:  # only the peer
         return []
-    if names and names != ["default"]:
-        by_name = {r.name: r for r in default_rungs(workload)}
+    if names == ["memory"]:
+        rungs = memory_rungs(workload)
+    elif names and names != ["default"]:
+        by_name = {r.name: r for r in memory_rungs(workload) + default_rungs(workload)}
         unknown = [n for n in names if n not in by_name]
         if unknown:
             raise FasttrainError(f"unknown rung {unknown[0]!r}: use {', '.join(by_name)}")

@@ -16,7 +16,7 @@ from ..recipe import Recipe
 from ..run.parity import compare
 from ..techniques import allocator, unmet_requirements
 from ..workloads import load_workload
-from .rungs import build_ladder
+from .rungs import Rung, build_ladder
 
 
 @dataclass
@@ -94,12 +94,31 @@ def finish_row(row: dict, ref: dict | None, precision: str) -> dict:
     return row
 
 
+def _check(row: dict, rung: Rung, ref: dict | None, prev: dict | None, recipe: Recipe) -> dict:
+    """Parity against the rung's reference (the first rung, or the previous one where the rung
+    after a deliberate change of the maths is math-equivalent to its predecessor)."""
+    if row is ref:
+        return finish_row(row, ref, "fp32")
+    if rung.parity == "none":
+        row = finish_row(row, ref, recipe.precision)
+        if not row.get("error") and not row.get("skipped"):
+            row["parity"] = {"max_rel_dev": None, "tolerance": None, "passed": None,
+                             "reason": f"not checked: {rung.parity_note}"}
+        return row
+    against = prev if rung.parity == "previous" and prev is not None else ref
+    row = finish_row(row, ref, recipe.precision)
+    if against is not ref and row.get("parity"):
+        row["parity"] = {**compare(row["losses"], against["losses"], recipe.precision),
+                         "against": against["rung"]}
+    return row
+
+
 def _plan(spec: LadderSpec):
     wl = load_workload(spec.workload, spec.size, seed=spec.base.seed, data=spec.data,
                        **spec.options)
-    plan = [(r.name, r.comment, rec) for r, rec in build_ladder(wl, spec.rungs, spec.base)]
-    plan += [(name, "user recipe", rec) for name, rec in spec.extra_rungs]
-    if spec.device.startswith("cuda") and any(rec.cuda_graphs for _, _, rec in plan):
+    plan = [(r, rec) for r, rec in build_ladder(wl, spec.rungs, spec.base)]
+    plan += [(Rung(name, {}, "user recipe"), rec) for name, rec in spec.extra_rungs]
+    if spec.device.startswith("cuda") and any(rec.cuda_graphs for _, rec in plan):
         spec.warmup = max(spec.warmup, 4)  # 3 eager steps + capture; same for every rung
     return wl, plan
 
@@ -109,23 +128,25 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
     """Run every rung (and the peer); returns the rows, also appended to ``spec.out``."""
     wl, plan = _plan(spec)
     env = environment(spec.device)
-    rows, ref = [], None
+    rows, ref, prev = [], None, None
     with tempfile.TemporaryDirectory(prefix="fasttrain-ladder-") as tmp:
         workdir = Path(tmp)
-        for i, (name, comment, recipe) in enumerate(plan):
+        for i, (rung, recipe) in enumerate(plan):
             if on_start:
-                on_start(name, i, len(plan))
-            base = {"kind": "ladder", "workload": spec.workload, "size": spec.size, "rung": name,
-                    "comment": comment, "recipe": recipe.to_dict(), "parity": None}
+                on_start(rung.name, i, len(plan))
+            base = {"kind": "ladder", "workload": spec.workload, "size": spec.size,
+                    "rung": rung.name, "comment": rung.comment, "recipe": recipe.to_dict(),
+                    "parity": None}
             unmet = unmet_requirements(recipe, spec.device.split(":")[0])
             t0 = time.perf_counter()
             row = {"skipped": "; ".join(unmet), "error": None} if unmet else run_rung(
-                spec, name, recipe, workdir)
+                spec, rung.name, recipe, workdir)
             row = {**base, **row, "wall_s": time.perf_counter() - t0, "env": env}
-            if ref is None and not row.get("error") and not row.get("skipped"):
+            ok = not row.get("error") and not row.get("skipped")
+            if ref is None and ok:
                 ref = row
-            row = finish_row(row, ref, recipe.precision) if row is not ref else finish_row(
-                row, ref, "fp32")
+            row = _check(row, rung, ref, prev, recipe)
+            prev = row if ok else prev
             rows.append(row)
             if spec.out:
                 append_row(spec.out, row)

@@ -21,6 +21,8 @@ def _parity(row: dict) -> str:
         return "ref" if row.get("kind") == "ladder" and not row.get("error") and not row.get(
             "skipped") else "–"
     dev = p.get("max_rel_dev")
+    if p.get("passed") is None:
+        return "n/a"
     mark = "✓" if p.get("passed") else "✗"
     return f"{mark} {dev:.1e}" if dev is not None else f"{mark} {p.get('reason', '')}"
 

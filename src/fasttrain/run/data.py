@@ -46,8 +46,10 @@ class EndlessSampler(Sampler[int]):
 def make_loader(workload: Workload, micro_batch: int, seed: int, dataset: Dataset | None = None,
                 **loader_kwargs) -> DataLoader:
     ds = workload.dataset() if dataset is None else dataset
-    if len(ds) < micro_batch:
-        raise ValueError(f"data set has {len(ds)} items, fewer than one batch of {micro_batch}")
+    if len(ds) == 0:
+        raise ValueError("the data set is empty")
+    # The sampler is endless, so a batch larger than the data set spans epochs (drop_last never
+    # triggers); augmentation still differs per epoch.
     return DataLoader(EpochIndexed(ds), batch_size=micro_batch, sampler=EndlessSampler(len(ds), seed),
                       drop_last=True, collate_fn=workload.collate, **loader_kwargs)
 

@@ -190,8 +190,8 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
         state.warn("allocator", late)
     apply_all(state, upto=attn.TECHNIQUE.phase)  # layout, precision, attention backend
     dataset = workload.dataset()
-    probe_batch = to_device(workload.collate([dataset[i] for i in range(state.micro_batch)]),
-                            device, False)
+    probe_batch = to_device(workload.collate(
+        [dataset[i % len(dataset)] for i in range(state.micro_batch)]), device, False)
     flops, line = _probe(state, probe_batch, workload.count(probe_batch))
     state.applied["attention"] = f"{state.applied.get('attention', '')}; {line}".lstrip("; ")
     apply_all(state, after=attn.TECHNIQUE.phase)  # compile, optimizer, EMA, loader, graphs

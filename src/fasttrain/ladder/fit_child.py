@@ -1,0 +1,114 @@
+"""One fit trial in a fresh process: ``python -m fasttrain.ladder.fit_child SPEC.json ROW.json``.
+
+A trial is everything a real job does at this batch: training steps (forward, backward,
+optimizer with its state allocated, EMA), one eval forward, and one checkpoint save — so an
+answer that passes here does not run out of memory later at the eval or the save. On CUDA the
+memory budget is enforced (``set_per_process_memory_fraction``); on CPU the peak resident set of
+the process is measured against it.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+GIB = 1024 ** 3
+
+
+def _peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux: KiB
+
+
+def _eval_and_save(state, batch) -> None:
+    import torch
+
+    wl, model = state.workload, state.model
+    model.eval()
+    with torch.no_grad(), state.step_context():
+        wl.loss(model, batch)
+    model.train()
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save({"model": model.state_dict(),
+                    "optimizer": state.optimizer.state_dict() if hasattr(
+                        state.optimizer, "state_dict") else {}}, Path(tmp) / "ckpt.pt")
+
+
+class _EvalSave:
+    """Observer: after the last training step, one eval forward and one checkpoint save."""
+
+    name, labels = "eval_save", False
+
+    def __init__(self, last: int):
+        self.last, self.state, self.batch, self.done = last, None, None, False
+
+    def attach(self, state) -> None:
+        self.state = state
+
+    def begin(self, step: int) -> None: ...
+
+    def end(self, step: int) -> None:
+        if step == self.last:
+            from ..run.data import to_device
+
+            ds = self.state.workload.dataset()
+            n = self.state.micro_batch
+            batch = to_device(self.state.workload.collate([ds[i % len(ds)] for i in range(n)]),
+                              self.state.device, False)
+            _eval_and_save(self.state, batch)
+            self.done = True
+
+    def report(self) -> dict:
+        return {"eval_and_save": self.done}
+
+
+def run_trial(spec: dict) -> dict:
+    import torch
+
+    from ..errors import FasttrainError
+    from ..recipe import Recipe
+    from ..run.loop import train
+    from ..workloads import load_workload
+
+    device = spec["device"]
+    budget = spec.get("budget_gib")
+    if device.startswith("cuda") and budget:
+        total = torch.cuda.get_device_properties(0).total_memory / GIB
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+    row = {"batch": spec["recipe"]["batch"], "error": None}
+    try:
+        wl = load_workload(spec["workload"], spec["size"], data=spec.get("data"),
+                           **spec.get("options", {}))
+        recipe = Recipe().replace(**spec["recipe"])
+        obs = _EvalSave(last=spec["warmup"] + spec["steps"] - 1)
+        res = train(wl, recipe, steps=spec["steps"], warmup=spec["warmup"], device=device,
+                    observers=(obs,))
+        row.update(step_time_s=res.step_time_s, throughput=res.throughput,
+                   throughput_unit=res.throughput_unit, losses=res.losses,
+                   eval_and_save=obs.done)
+        if device.startswith("cuda"):
+            row.update(peak_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
+                       peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB)
+    except torch.OutOfMemoryError:
+        row["error"] = "out of memory"
+    except FasttrainError as err:
+        row["error"] = str(err)
+    except Exception as err:  # any failure is the trial's answer, not a crash of the search
+        traceback.print_exc()
+        row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+    row["peak_rss_gib"] = _peak_rss_gib()
+    return row
+
+
+def main(argv: list[str]) -> int:
+    from .child import write_atomic
+
+    spec = json.loads(Path(argv[0]).read_text())
+    write_atomic(Path(argv[1]), json.dumps(run_trial(spec)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
