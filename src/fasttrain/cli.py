@@ -41,6 +41,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a switch")
     p.add_argument("--opt", action="append", metavar="KEY=VALUE", help="workload option")
     p.add_argument("--data", default=None, help="your image folder or token file")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="processes per node, launched through torchrun (data parallel)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes (with --rdzv-endpoint)")
+    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,6 +143,10 @@ def cmd_train(args) -> int:
     recipe = _base_recipe(args)
     wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **_options(args.opt))
     res = train(wl, recipe, steps=args.steps, warmup=args.warmup, device=device)
+    from .distributed.env import current
+
+    if not current().main:
+        return 0
     print(json.dumps({"workload": args.workload, "size": size, "recipe": recipe.to_dict(),
                       **res.to_row()}, indent=1))
     return 0
@@ -241,8 +249,15 @@ def cmd_report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
+        if args.command in ("train", "profile") and (args.nproc > 1 or args.nnodes > 1):
+            from .distributed.env import launched
+            from .distributed.launch import relaunch
+
+            if not launched():
+                return relaunch(argv, args.nproc, args.nnodes, args.rdzv_endpoint)
         if args.command == "workloads":
             from .workloads import REGISTRY
             for name, target in REGISTRY.items():
@@ -250,9 +265,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return {"ladder": cmd_ladder, "train": cmd_train, "profile": cmd_profile,
                 "fit": cmd_fit, "report": cmd_report}[args.command](args)
+    except ValueError as err:  # a workload's or technique's complaint about the input
+        print(f"fasttrain: error: {err}", file=sys.stderr)
+        return 2
     except FasttrainError as err:
         print(f"fasttrain: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fasttrain: interrupted", file=sys.stderr)
         return 130
+    finally:
+        from .distributed.env import shutdown
+
+        shutdown()

@@ -19,7 +19,8 @@ ATTENTION = ("math", "flash", "efficient", "cudnn", "auto")
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
 CHECKPOINTING = ("none", "full", "selective")
-OFFLOAD = ("none", "optimizer")
+OFFLOAD = ("none", "optimizer", "params")
+SHARDING = ("auto", "none", "ddp", "zero1", "zero2", "zero3")
 INIT = ("device", "host")
 ALLOCATOR = ("default", "expandable")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
@@ -84,7 +85,14 @@ class Recipe:
     """With bf16-true: the optimizer updates an fp32 copy of the weights (bf16 model weights)."""
     offload: str = "none"
     """none | optimizer: optimizer state and fp32 master weights live in pinned CPU memory; the
-    update runs on the CPU (ZeRO-Offload style)."""
+    update runs on the CPU (ZeRO-Offload style) | params: FSDP2's CPU offload of parameters,
+    gradients and optimizer state (zero2/zero3 only)."""
+    sharding: str = "auto"
+    """Data parallelism across torchrun processes: auto (none on one process, ddp on more) |
+    none | ddp | zero1 (DDP + sharded optimizer state) | zero2 (FSDP2, no reshard after forward)
+    | zero3 (FSDP2, full resharding)."""
+    dist_timeout: float = 600.0
+    """Seconds a collective may wait before the run fails naming the missing ranks."""
     init: str = "device"
     """device: weights created on the target device in the target dtype | host: on the CPU in
     fp32, then moved and cast (the usual default, with its extra copies)."""
@@ -135,6 +143,15 @@ def validate(r: Recipe) -> None:
     if r.cuda_graphs and (r.offload != "none" or r.master_weights or r.schedule != "constant"):
         raise FasttrainError("recipe: cuda_graphs captures a device-only step with a constant "
                              "lr; turn off offload, master_weights and schedule")
+    _choice("sharding", r.sharding, SHARDING)
+    if r.offload == "params" and r.sharding not in ("zero2", "zero3"):
+        raise FasttrainError("recipe: offload=params is FSDP2's CPU offload; use sharding=zero2 "
+                             "or zero3")
+    if r.sharding in ("zero1", "zero2", "zero3") and r.offload == "optimizer":
+        raise FasttrainError(f"recipe: offload=optimizer does not combine with "
+                             f"sharding={r.sharding}; use offload=params with zero2/zero3")
+    if r.dist_timeout <= 0:
+        raise FasttrainError("recipe: dist_timeout must be > 0 seconds")
     if r.offload != "none" and r.precision == "fp16-mixed":
         raise FasttrainError("recipe: offload with fp16-mixed is not supported; use bf16-mixed")
     _choice("ema", r.ema, EMA_MODES)

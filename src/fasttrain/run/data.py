@@ -29,12 +29,16 @@ class EpochIndexed(Dataset):
 
 
 class EndlessSampler(Sampler[int]):
-    """A fresh seeded permutation each epoch, forever."""
+    """A fresh seeded permutation each epoch, forever — and under data parallelism, this rank's
+    slice of every global batch: the global stream is cut into windows of ``global_batch`` items
+    and rank r takes the r-th of ``world`` equal parts of each, so N processes together see
+    exactly the batches one process would."""
 
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed = n, seed
+    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, global_batch: int = 0):
+        self.n, self.seed, self.rank, self.world = n, seed, rank, world
+        self.global_batch = global_batch
 
-    def __iter__(self) -> Iterator[int]:
+    def _stream(self) -> Iterator[int]:
         epoch = 0
         while True:
             g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
@@ -42,15 +46,30 @@ class EndlessSampler(Sampler[int]):
                 yield epoch * self.n + i
             epoch += 1
 
+    def __iter__(self) -> Iterator[int]:
+        if self.world == 1:
+            yield from self._stream()
+            return
+        share = self.global_batch // self.world
+        lo, hi = self.rank * share, (self.rank + 1) * share
+        window: list[int] = []
+        for idx in self._stream():
+            window.append(idx)
+            if len(window) == self.global_batch:
+                yield from window[lo:hi]
+                window = []
+
 
 def make_loader(workload: Workload, micro_batch: int, seed: int, dataset: Dataset | None = None,
+                rank: int = 0, world: int = 1, global_batch: int = 0,
                 **loader_kwargs) -> DataLoader:
     ds = workload.dataset() if dataset is None else dataset
     if len(ds) == 0:
         raise ValueError("the data set is empty")
     # The sampler is endless, so a batch larger than the data set spans epochs (drop_last never
     # triggers); augmentation still differs per epoch.
-    return DataLoader(EpochIndexed(ds), batch_size=micro_batch, sampler=EndlessSampler(len(ds), seed),
+    sampler = EndlessSampler(len(ds), seed, rank, world, global_batch=global_batch)
+    return DataLoader(EpochIndexed(ds), batch_size=micro_batch, sampler=sampler,
                       drop_last=True, collate_fn=workload.collate, **loader_kwargs)
 
 

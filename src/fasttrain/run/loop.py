@@ -23,6 +23,7 @@ from ..errors import FasttrainError
 from ..flops import gqa_flop_formulas
 from ..recipe import Recipe
 from ..techniques import TrainState, apply_all, unmet_requirements
+from ..distributed import env as dist_env
 from ..techniques import allocator, init
 from ..techniques import attention as attn
 from ..techniques.compile import graph_stats
@@ -122,7 +123,7 @@ class _Stepper:
         s = self.s
         with s.step_context():
             loss = s.workload.loss(s.model, batch) / self.count
-        loss.backward()
+        (loss * s.world if s.world > 1 else loss).backward()
         if s.recipe.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.params, s.recipe.grad_clip)
         s.optimizer.step()
@@ -150,7 +151,10 @@ class _Stepper:
             with s.step_context():
                 loss = s.workload.loss(s.model, mb) / self.count
             t.mark("backward")
-            (s.scaler.scale(loss) if s.scaler else loss).backward()
+            # DDP and FSDP average gradients over ranks; each rank's loss is its share of the
+            # global sum / global count, so scaling by the world size restores the true gradient.
+            scaled = loss * s.world if s.world > 1 else loss
+            (s.scaler.scale(scaled) if s.scaler else scaled).backward()
             total = loss.detach() if total is None else total + loss.detach()
         if s.recipe.grad_clip:
             t.mark("clip")
@@ -181,11 +185,13 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
     model = init.build_model(workload, recipe, device)
     model.train()
     batch = recipe.batch or workload.default_batch
-    if batch % recipe.accumulation:
-        raise FasttrainError(f"batch {batch} is not divisible by accumulation {recipe.accumulation}")
+    world = dist_env.current().world
+    if batch % (recipe.accumulation * world):
+        raise FasttrainError(f"batch {batch} is not divisible by accumulation "
+                             f"{recipe.accumulation} x {world} processes")
     state = TrainState(recipe=recipe, workload=workload, device=device, model=model,
                        trainable=workload.trainable(model),
-                       micro_batch=batch // recipe.accumulation, total_steps=total_steps)
+                       micro_batch=batch // (recipe.accumulation * world), total_steps=total_steps)
     if late:
         state.warn("allocator", late)
     apply_all(state, upto=attn.TECHNIQUE.phase)  # layout, precision, attention backend
@@ -195,7 +201,7 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
     flops, line = _probe(state, probe_batch, workload.count(probe_batch))
     state.applied["attention"] = f"{state.applied.get('attention', '')}; {line}".lstrip("; ")
     apply_all(state, after=attn.TECHNIQUE.phase)  # compile, optimizer, EMA, loader, graphs
-    return state, dataset, (flops * recipe.accumulation if flops else None)
+    return state, dataset, (flops * recipe.accumulation * world if flops else None)
 
 
 class Observer:
@@ -218,16 +224,25 @@ class Observer:
 def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
           device: str | torch.device | None = None,
           observers: tuple[Observer, ...] = ()) -> RunResult:
-    """Run ``warmup`` + ``steps`` optimizer steps of ``workload`` under ``recipe``; measure."""
+    """Run ``warmup`` + ``steps`` optimizer steps of ``workload`` under ``recipe``; measure.
+
+    Under torchrun every rank calls this with the same recipe; ``batch`` is the global batch.
+    """
     dev = resolve_device(device)
+    d = dist_env.init(dev.type, recipe.dist_timeout)
+    if d.active and dev.type == "cuda":
+        dev = torch.device("cuda", d.local_rank)
+    dist_env.agree("recipe", recipe.to_dict())
     if recipe.cuda_graphs:
         warmup = max(warmup, 4)  # 3 eager steps, then capture + first replay
     state, dataset, flops = prepare(workload, recipe, dev, total_steps=warmup + steps)
     try:
         for obs in observers:
             obs.attach(state)
+        dist_env.barrier("start of training", recipe.dist_timeout)
         res = _measure(state, dataset, flops, steps, warmup, observers)
         res.observed = {obs.name: obs.report() for obs in observers}
+        dist_env.barrier("end of training", recipe.dist_timeout)
         return res
     finally:
         state.restore.close()
@@ -236,7 +251,10 @@ def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
 def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
              observers: tuple[Observer, ...] = ()) -> RunResult:
     dev, wl, r = state.device, state.workload, state.recipe
-    loader = make_loader(wl, state.micro_batch, r.seed, dataset=dataset, **state.loader_kwargs)
+    d = dist_env.current()
+    loader = make_loader(wl, state.micro_batch, r.seed, dataset=dataset, rank=d.rank,
+                         world=d.world, global_batch=state.micro_batch * r.accumulation * d.world,
+                         **state.loader_kwargs)
     it = (DevicePrefetcher(iter(loader), dev, r.accumulation) if state.device_prefetch
           else HostBatches(iter(loader), dev, r.accumulation, state.non_blocking))
     timer = PhaseTimer(dev, labels=any(o.labels for o in observers))
@@ -258,8 +276,9 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
         h0 = time.perf_counter()
         micro = next(it)
         host_wait += time.perf_counter() - h0
-        if stepper is None:
-            count = sum(wl.count(mb) for mb in micro)
+        if stepper is None:  # items in the global batch: one all-reduce, once
+            count = int(dist_env.sum_tensor(torch.tensor(
+                [float(sum(wl.count(mb) for mb in micro))], device=dev)).item())
             stepper = _Stepper(state, timer, count)
         losses.append(stepper(micro))
         for obs in observers:
@@ -283,11 +302,14 @@ def _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait)
         batch=state.micro_batch * state.recipe.accumulation, steps=len(totals),
         step_time_s=med, step_time_min_s=min(totals), step_time_max_s=max(totals),
         throughput=count / med, throughput_unit=f"{wl.unit}/s",
-        peak_allocated_gib=torch.cuda.max_memory_allocated(dev) / GIB if cuda else None,
-        peak_reserved_gib=torch.cuda.max_memory_reserved(dev) / GIB if cuda else None,
+        peak_allocated_gib=dist_env.max_float(
+            torch.cuda.max_memory_allocated(dev) / GIB if cuda else None),
+        peak_reserved_gib=dist_env.max_float(
+            torch.cuda.max_memory_reserved(dev) / GIB if cuda else None),
         model_flops=flops, tflops=tflops,
         mfu=(tflops * 1e12 / peak) if (tflops and peak) else None,
-        warmup_s=warmup_s, losses=[float(x) for x in torch.stack(losses).float().cpu()],
+        warmup_s=warmup_s,
+        losses=[float(x) for x in dist_env.sum_tensor(torch.stack(losses).float()).cpu()],
         phases_s={k: statistics.median(v) for k, v in phases.items()},
         data_wait_host_s=host_wait, applied=dict(state.applied), warnings=list(state.warnings),
         compile=graph_stats() if state.recipe.compile != "none" else None,

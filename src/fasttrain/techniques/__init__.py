@@ -10,6 +10,8 @@ Order and why:
                  before compile, which must trace the checkpointed forward.
   compile        after all module surgery, before the optimizer: the optimizer must hold the
                  parameters that the compiled module uses (compile does not copy them).
+  sharding       after compile (per-block compile, then DDP/FSDP2 around it: torchtitan's
+                 order) and before the optimizer, which must see FSDP2's sharded parameters.
   optimizer      after precision (bf16-true state is bf16) and on the final parameters.
   ema            after the optimizer, on the same parameters.
   dataloader     independent of the model; recorded with the rest.
@@ -24,7 +26,8 @@ from ..recipe import Recipe
 from .base import Technique, TrainState
 
 _MODULES = ("init", "allocator", "channels_last", "precision", "attention", "checkpointing",
-            "compile", "optimizer", "ema", "dataloader", "cuda_graphs", "accumulation")
+            "compile", "sharding", "optimizer", "ema", "dataloader", "cuda_graphs",
+            "accumulation")
 
 
 def registry() -> list[Technique]:

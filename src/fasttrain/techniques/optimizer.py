@@ -56,6 +56,18 @@ class ShadowOptimizer:
             p.grad = None
 
 
+def _zero1(params, recipe, lr: float):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    impl = recipe.optimizer_impl
+    kw = {"foreach": impl == "foreach", "fused": (impl == "fused") or None}
+    if recipe.optimizer == "sgd":
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, lr=lr,
+                                       momentum=0.9, weight_decay=recipe.weight_decay, **kw)
+    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr,
+                                   weight_decay=recipe.weight_decay, **kw)
+
+
 def _schedule(state: TrainState) -> None:
     if state.recipe.schedule == "cosine":
         inner = getattr(state.optimizer, "inner", state.optimizer)
@@ -80,6 +92,10 @@ def apply(state: TrainState) -> str:
         kind = "state and fp32 weights offloaded to pinned CPU memory" if r.offload != "none" \
             else "fp32 master weights on the device"
         return f"{what} over {len(params)} tensors ({n / 1e6:.1f} M params); {kind}"
+    if state.zero1:
+        state.optimizer = _zero1(params, r, lr)
+        _schedule(state)
+        return f"{what}, state sharded over {state.world} ranks (ZeroRedundancyOptimizer)"
     # CUDA graph replay needs the step count on the device (capturable) so no host sync occurs.
     capturable = r.cuda_graphs and state.cuda
     state.optimizer = build(params, r, lr, capturable)

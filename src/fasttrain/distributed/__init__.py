@@ -1,0 +1,1 @@
+"""torch.distributed: torchrun launch, process groups with bounded timeouts, DDP and FSDP2."""

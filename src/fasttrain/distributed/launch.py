@@ -1,0 +1,49 @@
+"""Start the same command under torchrun: ``--nproc N`` (and ``--nnodes``/``--rdzv-endpoint``).
+
+The code path is the one a user gets by running torchrun themselves: every process runs the
+command, rank 0 reports.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def torchrun_prefix(nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None,
+                    rdzv_id: str = "fasttrain") -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+    if nnodes > 1:
+        if not rdzv_endpoint:
+            raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+        cmd += ["--nnodes", str(nnodes), "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                rdzv_endpoint, "--rdzv_id", rdzv_id]
+    else:
+        cmd += ["--standalone"]
+    return cmd
+
+
+def strip_launch_args(argv: list[str]) -> list[str]:
+    """The command line without the launcher's own options (they must not recurse)."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in ("--nproc", "--nnodes", "--rdzv-endpoint"):
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def relaunch(argv: list[str], nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None) -> int:
+    """Run ``fasttrain <argv>`` under torchrun; returns its exit status."""
+    env = dict(os.environ)
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = torchrun_prefix(nproc, nnodes, rdzv_endpoint) + ["-m", "fasttrain",
+                                                           *strip_launch_args(argv)]
+    return subprocess.run(cmd, env=env).returncode
