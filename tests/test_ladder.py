@@ -104,3 +104,13 @@ def test_cli_user_mistakes_are_one_line(argv, needle):
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("USDT")]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_previous_parity_is_not_checked_when_the_rung_before_failed():
+    from fasttrain.ladder.rungs import Rung
+    from fasttrain.ladder.runner import _check
+
+    ref = {"rung": "fp32", "losses": [2.0, 1.9], "step_time_s": 1.0, "batch": 8}
+    row = {"rung": "ckpt", "losses": [2.0, 1.9], "step_time_s": 1.0, "batch": 8, "error": None}
+    out = _check(row, Rung("ckpt", {}, "", parity="previous"), ref, None, Recipe())
+    assert out["parity"]["passed"] is None and "did not run" in out["parity"]["reason"]

@@ -165,3 +165,41 @@ def test_memory_ladder_end_to_end(tmp_path):
     assert by["sgd"]["parity"]["passed"] is None and "different optimizer" in by["sgd"]["parity"]["reason"]
     assert by["checkpointing"]["parity"] == {**by["checkpointing"]["parity"], "passed": True,
                                              "against": "init-device"}
+
+
+class _FakeSearch:
+    """Search.largest with trials answered by a rule instead of processes."""
+
+    def __init__(self, k, max_batch, fits):
+        from fasttrain.ladder.fit import Search
+
+        self.s = Search.__new__(Search)
+        self.s.spec = FitSpec("vit", "tiny", Recipe(), "cpu", budget_gib=1.0, max_batch=max_batch)
+        self.s.recipe = Recipe(accumulation=k, batch=k)
+        self.s.trials = []
+        self.s.trial = lambda b: self.s.trials.append(b) or {"batch": b, "passed": fits(b)}
+
+
+@pytest.mark.parametrize("k, max_batch, limit, start, want", [
+    (3, 10, 10**9, 3, 9),        # everything fits, max_batch not a multiple of k: stops at 9
+    (1, 4096, 10**9, 1, 4096),
+    (1, 4096, 37, 1000, 37),     # the estimate was too high: shrink, then bisect
+    (4, 4096, 50, 4, 48),
+    (2, 64, 1, 2, None),         # nothing fits
+])
+def test_search_brackets_and_bisects_without_looping(k, max_batch, limit, start, want):
+    fake = _FakeSearch(k, max_batch, lambda b: b <= limit)
+    found = fake.s.largest(start)
+    assert (found["batch"] if found else None) == want
+    assert len(fake.s.trials) < 30 and all(b % k == 0 for b in fake.s.trials)
+
+
+def test_ema_of_bf16_weights_is_kept_in_fp32():
+    from fasttrain.techniques.ema import Ema
+
+    p = torch.full((4,), 0.02, dtype=torch.bfloat16)
+    ema = Ema([p], 0.9999, "foreach")
+    p.fill_(0.03)
+    for _ in range(1000):
+        ema.update()
+    assert ema.shadow[0].dtype == torch.float32 and ema.shadow[0][0].item() > 0.0209

@@ -58,7 +58,7 @@ def persistent_estimate(spec: FitSpec) -> dict[str, float]:
         state += 4 * train
     if r.offload == "optimizer":
         state = 0
-    ema = wbytes * train if (r.ema not in ("none",) and (r.ema != "auto" or wl.has_ema)) else 0
+    ema = 4 * train if (r.ema != "none" and (r.ema != "auto" or wl.has_ema)) else 0  # fp32
     return {"parameters": params * wbytes / GIB, "gradients": train * wbytes / GIB,
             "optimizer_state": state / GIB, "ema": ema / GIB}
 
@@ -101,14 +101,15 @@ class Search:
         """Grow from ``start`` by doubling until a trial fails, then bisect; the passing row."""
         k = self.recipe.accumulation
         step = lambda b: max(k, (b // k) * k)  # noqa: E731 — batches stay multiples of k
-        lo, hi, b = None, None, step(min(start, self.spec.max_batch))
+        cap = step(self.spec.max_batch)  # the largest batch allowed that is a multiple of k
+        lo, hi, b = None, None, step(min(start, cap))
         while True:  # grow (or shrink) until the first pass/fail boundary is bracketed
             row = self.trial(b)
             if row["passed"]:
                 lo = row
-                if hi is not None or b >= self.spec.max_batch:
+                if hi is not None or b >= cap:
                     break
-                b = step(min(b * 2, self.spec.max_batch))
+                b = step(min(b * 2, cap))
             else:
                 hi = b
                 if lo is not None or b == k:
@@ -146,13 +147,19 @@ def fit(spec: FitSpec, on_trial: Callable[[dict], None] | None = None) -> dict:
     if spec.device.startswith("cuda") and not spec.budget_gib:
         spec.budget_gib = torch.cuda.get_device_properties(0).total_memory / GIB
     modes = [spec.recipe.checkpointing] if spec.objective == "fit" else ["none", "selective", "full"]
-    best, trials = None, []
+    best, trials, failures = None, [], []
     for mode in modes:
         search = Search(spec, spec.recipe.replace(checkpointing=mode), on_trial)
-        found = search.largest(_start(spec, search))
+        try:
+            found = search.largest(_start(spec, search))
+        except FasttrainError as err:  # this mode cannot fit; another may
+            failures.append(str(err))
+            found = None
         trials += search.trials
         if found and (best is None or _better(found, best, spec.objective)):
             best = found
+    if best is None:
+        raise FasttrainError(failures[0] if failures else "fit: no batch fits")
     final = Search(spec, Recipe().replace(**best["recipe"]), on_trial).trial(best["batch"])
     if not final["passed"]:
         raise FasttrainError(f"fit: batch {best['batch']} passed the search but failed the "

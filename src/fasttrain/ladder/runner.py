@@ -105,8 +105,12 @@ def _check(row: dict, rung: Rung, ref: dict | None, prev: dict | None, recipe: R
             row["parity"] = {"max_rel_dev": None, "tolerance": None, "passed": None,
                              "reason": f"not checked: {rung.parity_note}"}
         return row
-    against = prev if rung.parity == "previous" and prev is not None else ref
     row = finish_row(row, ref, recipe.precision)
+    if rung.parity == "previous" and prev is None and row.get("parity"):
+        row["parity"] = {"max_rel_dev": None, "tolerance": None, "passed": None,
+                         "reason": "not checked: the rung before it did not run"}
+        return row
+    against = prev if rung.parity == "previous" else ref
     if against is not ref and row.get("parity"):
         row["parity"] = {**compare(row["losses"], against["losses"], recipe.precision),
                          "against": against["rung"]}
@@ -146,7 +150,7 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
             if ref is None and ok:
                 ref = row
             row = _check(row, rung, ref, prev, recipe)
-            prev = row if ok else prev
+            prev = row if ok else None  # "previous" means the rung just before, or no check
             rows.append(row)
             if spec.out:
                 append_row(spec.out, row)

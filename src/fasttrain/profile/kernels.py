@@ -25,9 +25,10 @@ CATEGORIES: list[tuple[str, re.Pattern]] = [
     ("memcpy", re.compile(r"memcpy|memset", re.I)),
     ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn.*(mha|sdp)", re.I)),
     ("optimizer", re.compile(r"multi_tensor_apply|fused_adam|foreach|_fused_adamw|adam", re.I)),
+    ("conv", re.compile(r"conv|implicit_gemm|winograd|fprop|dgrad|wgrad|nchwToNhwc|nhwcToNchw",
+                        re.I)),
     ("gemm", re.compile(r"gemm|cutlass|xmma|cublas|nvjet|matmul|sm\d+_.*(h|s|bf)\d*gemm|wgmma"
                         r"|triton_tem_|mm_", re.I)),
-    ("conv", re.compile(r"conv|implicit_gemm|cudnn|winograd|fprop|dgrad|wgrad", re.I)),
     ("norm/reduction", re.compile(r"norm|reduce|softmax|triton_red_|triton_per_|sum_|mean|"
                                   r"cross_entropy|nll_loss|log_softmax", re.I)),
     ("elementwise", re.compile(r"elementwise|vectorized|unrolled|triton_poi_|copy|cast|fill|"

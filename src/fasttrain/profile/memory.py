@@ -18,9 +18,12 @@ from ..techniques.base import TrainState
 MIB = 1024 ** 2
 
 
-def tensor_bytes(tensors) -> int:
+def tensor_bytes(tensors, device: torch.device | None = None) -> int:
+    """Bytes of distinct tensors (on ``device`` only, when given)."""
     seen, total = set(), 0
     for t in tensors:
+        if device is not None and torch.is_tensor(t) and t.device.type != device.type:
+            continue
         if torch.is_tensor(t) and t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
@@ -28,13 +31,17 @@ def tensor_bytes(tensors) -> int:
 
 
 def persistent_split(state: TrainState) -> dict[str, int]:
-    """Bytes held across steps: weights, gradients (one per trainable weight), optimizer, EMA."""
+    """Device bytes held across steps: weights, gradients (one per trainable weight), optimizer
+    state (with fp32 master weights and their gradients, when they live on the device), EMA."""
+    dev = state.device
     params = list(state.model.parameters()) + list(state.model.buffers())
     trainable = [p for p in state.trainable.parameters() if p.requires_grad]
     opt = [v for st in (state.optimizer.state.values() if state.optimizer else []) for v in st.values()]
+    shadow = getattr(state.optimizer, "shadow", [])  # ShadowOptimizer: masters + their grads
+    opt += list(shadow) + [s.grad for s in shadow if s.grad is not None]
     ema = state.ema.shadow if state.ema is not None else []
-    return {"parameters": tensor_bytes(params), "gradients": tensor_bytes(trainable),
-            "optimizer_state": tensor_bytes(opt), "ema": tensor_bytes(ema)}
+    return {"parameters": tensor_bytes(params, dev), "gradients": tensor_bytes(trainable, dev),
+            "optimizer_state": tensor_bytes(opt, dev), "ema": tensor_bytes(ema, dev)}
 
 
 def growth_per_step(values: list[int]) -> float:

@@ -34,17 +34,18 @@ class EndlessSampler(Sampler[int]):
     and rank r takes the r-th of ``world`` equal parts of each, so N processes together see
     exactly the batches one process would."""
 
-    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, global_batch: int = 0):
+    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, global_batch: int = 0,
+                 start: int = 0):
         self.n, self.seed, self.rank, self.world = n, seed, rank, world
-        self.global_batch = global_batch
+        self.global_batch, self.start = global_batch, start  # start: items already consumed
 
     def _stream(self) -> Iterator[int]:
-        epoch = 0
+        epoch, offset = divmod(self.start, self.n)
         while True:
             g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-            for i in torch.randperm(self.n, generator=g).tolist():
+            for i in torch.randperm(self.n, generator=g).tolist()[offset:]:
                 yield epoch * self.n + i
-            epoch += 1
+            epoch, offset = epoch + 1, 0
 
     def __iter__(self) -> Iterator[int]:
         if self.world == 1:
@@ -61,14 +62,15 @@ class EndlessSampler(Sampler[int]):
 
 
 def make_loader(workload: Workload, micro_batch: int, seed: int, dataset: Dataset | None = None,
-                rank: int = 0, world: int = 1, global_batch: int = 0,
+                rank: int = 0, world: int = 1, global_batch: int = 0, start_step: int = 0,
                 **loader_kwargs) -> DataLoader:
     ds = workload.dataset() if dataset is None else dataset
     if len(ds) == 0:
         raise ValueError("the data set is empty")
     # The sampler is endless, so a batch larger than the data set spans epochs (drop_last never
     # triggers); augmentation still differs per epoch.
-    sampler = EndlessSampler(len(ds), seed, rank, world, global_batch=global_batch)
+    gb = global_batch or micro_batch
+    sampler = EndlessSampler(len(ds), seed, rank, world, global_batch=gb, start=start_step * gb)
     return DataLoader(EpochIndexed(ds), batch_size=micro_batch, sampler=sampler,
                       drop_last=True, collate_fn=workload.collate, **loader_kwargs)
 

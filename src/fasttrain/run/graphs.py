@@ -23,6 +23,9 @@ class GraphedStep:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_loss: torch.Tensor | None = None
         self.calls = 0
+        # One side stream for every eager warm-up step: the caching allocator reuses blocks only
+        # within a stream, so a new stream per step would hold several copies of the activations.
+        self.side = torch.cuda.Stream()
 
     def _load(self, batch: Batch) -> None:
         if self.static is None:
@@ -35,12 +38,11 @@ class GraphedStep:
         self._load(batch)
         self.calls += 1
         if self.calls <= self.eager_steps:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.side):
                 self.optimizer.zero_grad(set_to_none=True)
                 loss = self.core(self.static)
-            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.current_stream().wait_stream(self.side)
             return loss
         if self.graph is None:
             self.optimizer.zero_grad(set_to_none=True)

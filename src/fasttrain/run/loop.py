@@ -28,6 +28,7 @@ from ..techniques import allocator, init
 from ..techniques import attention as attn
 from ..techniques.compile import graph_stats
 from ..workloads.base import Batch, Workload
+from . import checkpoint
 from .data import DevicePrefetcher, HostBatches, make_loader, to_device
 from .graphs import GraphedStep
 from .timer import PhaseTimer
@@ -223,25 +224,35 @@ class Observer:
 
 def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
           device: str | torch.device | None = None,
-          observers: tuple[Observer, ...] = ()) -> RunResult:
+          observers: tuple[Observer, ...] = (), save_to: str | None = None,
+          resume_from: str | None = None) -> RunResult:
     """Run ``warmup`` + ``steps`` optimizer steps of ``workload`` under ``recipe``; measure.
 
     Under torchrun every rank calls this with the same recipe; ``batch`` is the global batch.
+    ``resume_from`` continues a DCP checkpoint (any world size); ``save_to`` writes one after.
     """
+    if steps < 1 or warmup < 0:
+        raise FasttrainError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
     dev = resolve_device(device)
     d = dist_env.init(dev.type, recipe.dist_timeout)
     if d.active and dev.type == "cuda":
         dev = torch.device("cuda", d.local_rank)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+        torch.cuda.set_device(dev)  # events, streams and graphs follow the current device
     dist_env.agree("recipe", recipe.to_dict())
     if recipe.cuda_graphs:
         warmup = max(warmup, 4)  # 3 eager steps, then capture + first replay
     state, dataset, flops = prepare(workload, recipe, dev, total_steps=warmup + steps)
     try:
+        start = checkpoint.load(state, resume_from) if resume_from else 0
         for obs in observers:
             obs.attach(state)
         dist_env.barrier("start of training", recipe.dist_timeout)
-        res = _measure(state, dataset, flops, steps, warmup, observers)
+        res = _measure(state, dataset, flops, steps, warmup, observers, start)
         res.observed = {obs.name: obs.report() for obs in observers}
+        if save_to:
+            checkpoint.save(state, save_to, start + warmup + steps)
         dist_env.barrier("end of training", recipe.dist_timeout)
         return res
     finally:
@@ -249,12 +260,12 @@ def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
 
 
 def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
-             observers: tuple[Observer, ...] = ()) -> RunResult:
+             observers: tuple[Observer, ...] = (), start_step: int = 0) -> RunResult:
     dev, wl, r = state.device, state.workload, state.recipe
     d = dist_env.current()
     loader = make_loader(wl, state.micro_batch, r.seed, dataset=dataset, rank=d.rank,
                          world=d.world, global_batch=state.micro_batch * r.accumulation * d.world,
-                         **state.loader_kwargs)
+                         start_step=start_step * r.accumulation, **state.loader_kwargs)
     it = (DevicePrefetcher(iter(loader), dev, r.accumulation) if state.device_prefetch
           else HostBatches(iter(loader), dev, r.accumulation, state.non_blocking))
     timer = PhaseTimer(dev, labels=any(o.labels for o in observers))
@@ -276,10 +287,12 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
         h0 = time.perf_counter()
         micro = next(it)
         host_wait += time.perf_counter() - h0
-        if stepper is None:  # items in the global batch: one all-reduce, once
+        if stepper is None or not wl.constant_count:  # items in the global batch
             count = int(dist_env.sum_tensor(torch.tensor(
                 [float(sum(wl.count(mb) for mb in micro))], device=dev)).item())
-            stepper = _Stepper(state, timer, count)
+            if stepper is None:
+                stepper = _Stepper(state, timer, count)
+            stepper.count = count
         losses.append(stepper(micro))
         for obs in observers:
             obs.end(i)

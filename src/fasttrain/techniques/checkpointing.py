@@ -39,12 +39,12 @@ def _contexts(selective: bool):
     sdpa_kernel context, so the SDPA backends of the forward are re-entered for it (else the
     recompute may pick another kernel and its saved tensors no longer match). Autocast state is
     restored by torch's checkpoint itself."""
-    backends = _cur_sdpa_kernel_backends()
+    backends = _cur_sdpa_kernel_backends(with_priority=True)
     fwd, rec = (create_selective_checkpoint_contexts(_policy) if selective
                 else (contextlib.nullcontext(), contextlib.nullcontext()))
     @contextlib.contextmanager
     def recompute():
-        with sdpa_kernel(backends), rec:
+        with sdpa_kernel(backends, set_priority=True), rec:
             yield
 
     return fwd, recompute()

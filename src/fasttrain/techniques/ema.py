@@ -22,7 +22,10 @@ class Ema:
 
     def __init__(self, params: list[torch.Tensor], decay: float, mode: str):
         self.params, self.decay, self.mode = params, decay, mode
-        self.shadow = [p.detach().clone() for p in params]
+        # fp32 shadow even for bf16 weights: with decay 0.9999 each increment is far below
+        # bf16's rounding step, so a bf16 EMA would never move.
+        self.shadow = [p.detach().float().clone() for p in params]
+        self.upcast = any(p.dtype != torch.float32 for p in params)
         self.stream = torch.cuda.Stream(params[0].device) if mode == "side-stream" else None
         self.done: torch.cuda.Event | None = None
 
@@ -30,9 +33,10 @@ class Ema:
     def _lerp(self) -> None:
         if self.mode == "per-tensor":
             for s, p in zip(self.shadow, self.params):
-                s.lerp_(p, 1.0 - self.decay)
+                s.lerp_(p.float() if self.upcast else p, 1.0 - self.decay)
         else:
-            torch._foreach_lerp_(self.shadow, self.params, 1.0 - self.decay)
+            src = [p.float() for p in self.params] if self.upcast else self.params
+            torch._foreach_lerp_(self.shadow, src, 1.0 - self.decay)
 
     def update(self) -> None:
         if self.stream is None:

@@ -30,6 +30,9 @@ class Workload:
     has_ema: bool = False  # the reference recipe keeps an EMA of the trainable module
     conv: bool = False  # channels_last is meaningful
     reference_lr: float = 1e-4  # the learning rate of a recipe that leaves lr at 0
+    # Every batch of the same size holds the same number of items (no padding/ignored labels):
+    # the loop counts once instead of syncing every step. SimpleWorkload counts every step.
+    constant_count: bool = True
     compile_scope: str = "model"  # what the ladder's compile rung compiles: model | regional
 
     def build_model(self) -> nn.Module:
@@ -92,6 +95,7 @@ class SimpleWorkload(Workload):
     loss_is_mean: bool = False
     blocks: Callable[[nn.Module], Iterable[nn.Module]] | None = None
     size: str = "custom"
+    constant_count: bool = False
 
     def build_model(self) -> nn.Module:
         return self.build()

@@ -1,0 +1,83 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP).
+
+``save`` writes each rank's shards (model, optimizer, EMA) into one folder plus a small JSON of
+the step and schedule (written by rank 0, atomically); ``load`` reads them back into a model of
+any world size and sharding — DCP reshards on load; ``export`` consolidates a folder into one
+``torch.save`` file for inference or other tools. The data stream resumes at the saved step, so a
+resumed run sees the batches the uninterrupted run would have.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from ..distributed import env as dist_env
+from ..errors import FasttrainError
+from ..techniques.base import TrainState
+
+META = "fasttrain.json"
+
+
+def _check(state: TrainState) -> None:
+    if not isinstance(state.optimizer, torch.optim.Optimizer) or state.zero1:
+        raise FasttrainError("checkpoints need a plain or FSDP2-sharded optimizer; offload, "
+                             "master_weights and zero1 are not supported for save/resume yet")
+
+
+def _state(state: TrainState) -> dict:
+    model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
+    out = {"model": model_sd, "optim": optim_sd}
+    if state.ema is not None:
+        out["ema"] = {f"{i}": t for i, t in enumerate(state.ema.shadow)}
+    return out
+
+
+def save(state: TrainState, folder: str | Path, step: int) -> Path:
+    _check(state)
+    folder = Path(folder)
+    if state.ema is not None:
+        state.ema.synchronize()
+    dcp.save(_state(state), checkpoint_id=str(folder))
+    if dist_env.current().main:
+        meta = {"step": step, "recipe": state.recipe.to_dict(),
+                "scheduler": state.scheduler.state_dict() if state.scheduler else None,
+                "world": dist_env.current().world}
+        tmp = folder / f".{META}.tmp{os.getpid()}"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, folder / META)
+    dist_env.barrier("checkpoint save", state.recipe.dist_timeout)
+    return folder
+
+
+def load(state: TrainState, folder: str | Path) -> int:
+    """Restore model, optimizer, EMA and schedule; returns the step to continue from."""
+    _check(state)
+    folder = Path(folder)
+    if not (folder / META).is_file():
+        raise FasttrainError(f"no fasttrain checkpoint in {folder}")
+    meta = json.loads((folder / META).read_text())
+    target = _state(state)
+    dcp.load(target, checkpoint_id=str(folder))
+    set_state_dict(state.model, state.optimizer, model_state_dict=target["model"],
+                   optim_state_dict=target["optim"])
+    if state.ema is not None:
+        for i, t in enumerate(state.ema.shadow):
+            t.copy_(target["ema"][f"{i}"])
+    if state.scheduler is not None and meta.get("scheduler"):
+        state.scheduler.load_state_dict(meta["scheduler"])
+    return int(meta["step"])
+
+
+def export(folder: str | Path, file: str | Path) -> Path:
+    """One consolidated ``torch.save`` file from a DCP folder (run in one process)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    if not (Path(folder) / META).is_file():
+        raise FasttrainError(f"no fasttrain checkpoint in {folder}")
+    dcp_to_torch_save(str(folder), str(file))
+    return Path(file)
