@@ -48,3 +48,19 @@ def leaky_workload(size="tiny", seed=0, data=None):
 
     return SimpleWorkload(name="leaky", build=lambda: torch.nn.Linear(16, 3), data=_SlowData,
                           loss_fn=loss, default_batch=4)
+
+
+def hang_on_rank1(size="tiny", seed=0, data=None):
+    """Rank 1 never finishes building its model: a hung rank."""
+    import os
+    import time
+
+    def build():
+        if os.environ.get("RANK") == "1":
+            time.sleep(3600)
+        return torch.nn.Linear(16, 3)
+
+    import torch.nn.functional as F
+    return SimpleWorkload(name="hang", build=build, data=_SlowData,
+                          loss_fn=lambda m, b: F.cross_entropy(m(b["x"]), b["y"], reduction="sum"),
+                          default_batch=4)

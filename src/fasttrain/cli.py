@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     lad.add_argument("--rung-timeout", type=float, default=None, help="seconds per rung")
     tr = sub.add_parser("train", help="one measured run of a recipe; prints its row")
     _common(tr)
+    tr.add_argument("--save", default=None, metavar="DIR", help="write a DCP checkpoint after")
+    tr.add_argument("--resume", default=None, metavar="DIR", help="continue a DCP checkpoint")
+    tr.add_argument("--export", default=None, metavar="FILE",
+                    help="consolidate the saved checkpoint into one torch.save file")
     pro = sub.add_parser("profile", help="where a step's time and memory go; what to switch on")
     _common(pro)
     pro.set_defaults(steps=10)
@@ -142,11 +146,18 @@ def cmd_train(args) -> int:
     size = args.size or ("base" if device.startswith("cuda") else "tiny")
     recipe = _base_recipe(args)
     wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **_options(args.opt))
-    res = train(wl, recipe, steps=args.steps, warmup=args.warmup, device=device)
+    res = train(wl, recipe, steps=args.steps, warmup=args.warmup, device=device,
+                save_to=args.save, resume_from=args.resume)
     from .distributed.env import current
 
     if not current().main:
         return 0
+    if args.export:
+        if not args.save:
+            raise FasttrainError("--export consolidates the checkpoint of --save; give both")
+        from .run.checkpoint import export
+
+        export(args.save, args.export)
     print(json.dumps({"workload": args.workload, "size": size, "recipe": recipe.to_dict(),
                       **res.to_row()}, indent=1))
     return 0

@@ -185,6 +185,9 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
     _seed(recipe.seed)
     model = init.build_model(workload, recipe, device)
     model.train()
+    # Before any collective (DDP's constructor syncs shapes): a rank that never got here is
+    # named, instead of a generic collective timeout.
+    dist_env.barrier("model built", recipe.dist_timeout)
     batch = recipe.batch or workload.default_batch
     world = dist_env.current().world
     if batch % (recipe.accumulation * world):
@@ -325,5 +328,5 @@ def _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait)
         losses=[float(x) for x in dist_env.sum_tensor(torch.stack(losses).float()).cpu()],
         phases_s={k: statistics.median(v) for k, v in phases.items()},
         data_wait_host_s=host_wait, applied=dict(state.applied), warnings=list(state.warnings),
-        compile=graph_stats() if state.recipe.compile != "none" else None,
+        compile=graph_stats(state.compile_baseline) if state.recipe.compile != "none" else None,
         step_times_s=list(totals), phase_steps_s=phases)

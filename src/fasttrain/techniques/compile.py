@@ -22,6 +22,7 @@ def _recompile_limit_attr() -> str:
 
 def apply(state: TrainState) -> str | None:
     r = state.recipe
+    state.compile_baseline = graph_stats()  # dynamo's counters are per process, not per run
     opts = {"mode": None if r.compile_mode == "default" else r.compile_mode,
             "backend": r.compile_backend}
     if r.compile == "model":
@@ -46,14 +47,15 @@ def apply(state: TrainState) -> str | None:
             f"{attr}={need}")
 
 
-def graph_stats() -> dict[str, int]:
-    """Dynamo's counters after warm-up: graphs compiled, breaks, recompiles."""
+def graph_stats(since: dict[str, int] | None = None) -> dict[str, int]:
+    """Dynamo's counters: graphs compiled, graph breaks, recompiles — since ``since``."""
     from torch._dynamo.utils import counters
 
-    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "graph_breaks": int(sum(counters["graph_break"].values())),
-            "recompiles": int(counters["recompiles"].get("total", 0)
-                              if "recompiles" in counters else 0)}
+    now = {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+           "graph_breaks": int(sum(counters["graph_break"].values())),
+           "recompiles": int(counters["recompiles"].get("total", 0)
+                             if "recompiles" in counters else 0)}
+    return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
 
 
 TECHNIQUE = Technique(
