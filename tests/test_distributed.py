@@ -66,3 +66,22 @@ def test_a_hung_rank_fails_the_run_by_name_within_the_timeout():
                   nproc=2, timeout=240)
     assert proc.returncode != 0 and time.time() - t0 < 200
     assert "rank 0: model built" in proc.stderr and "Ranks 1 failed to pass" in proc.stderr
+
+
+def test_ladder_rungs_under_torchrun_and_the_scaling_report(tmp_path, monkeypatch):
+    proc = subprocess.run([sys.executable, "-m", "fasttrain", "ladder", "llama", "--device", "cpu",
+                           "--rungs", "fp32,fused-optim", "--nproc", "2", "--steps", "2",
+                           "--warmup", "1", "--out", str(tmp_path)], capture_output=True,
+                          text=True, env=_env(), cwd=ROOT, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(x) for f in tmp_path.glob("ladder-*.jsonl") for x in f.read_text().splitlines()]
+    assert [(r["world_size"], r["batch"]) for r in rows] == [(2, 4), (2, 4)]
+    assert all(r["parity"]["passed"] and "DDP over 2 ranks" in r["applied"]["sharding"] for r in rows)
+    from fasttrain.ladder.scaling import run_scaling
+    from fasttrain.recipe import Recipe
+
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    rows = run_scaling("llama", "tiny", Recipe(), [1, 2], ["zero2"], 2, "cpu", steps=2, warmup=1)
+    assert [(r["world_size"], r["sharding"]) for r in rows] == [(1, "none"), (2, "zero2")]
+    assert rows[0]["efficiency"] == 1.0 and rows[1]["efficiency"] > 0
+    assert rows[1]["total_throughput"] == pytest.approx(2 * rows[1]["throughput"])

@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--objective", choices=("fit", "throughput"), default="fit")
     fit.add_argument("--headroom", type=float, default=0.05, help="fraction kept free (0.05)")
     fit.add_argument("--out", default="out", help="folder for the trial rows")
+    sc = sub.add_parser("scaling", help="per-GPU throughput and memory at 1/2/4/8 processes")
+    _common(sc)
+    sc.add_argument("--worlds", default="1,2", help="process counts, e.g. 1,2,4,8")
+    sc.add_argument("--sharding", default="ddp,zero2,zero3", help="modes for world > 1")
+    sc.add_argument("--per-gpu-batch", type=int, default=None)
+    sc.add_argument("--out", default="out")
+    sc.add_argument("--rung-timeout", type=float, default=None)
     rep = sub.add_parser("report", help="render result rows (JSONL) as a table")
     rep.add_argument("rows", nargs="+")
     rep.add_argument("--markdown", action="store_true")
@@ -127,10 +134,13 @@ def cmd_ladder(args) -> int:
         extra.append((Path(args.recipe).stem, _base_recipe(args)))
         if rungs == ["default"]:
             rungs = ["fp32"]
+    if args.nnodes > 1:
+        raise FasttrainError("ladder runs on one node (--nproc); start multi-node runs with "
+                             "torchrun and fasttrain train")
     spec = LadderSpec(workload=args.workload, size=size, rungs=rungs, base=base,
                       steps=args.steps, warmup=args.warmup, device=device, data=args.data,
-                      options=_options(args.opt), out=out, peer=args.peer,
-                      rung_timeout=args.rung_timeout, extra_rungs=extra)
+                      options=_options(args.opt), out=out, peer=args.peer and args.nproc == 1,
+                      rung_timeout=args.rung_timeout, extra_rungs=extra, nproc=args.nproc)
     rows = run_with_progress(spec)
     print(f"rows: {out}")
     bad = [r for r in rows if r.get("kind") == "ladder" and (
@@ -243,6 +253,42 @@ def cmd_fit(args) -> int:
     return 0
 
 
+def cmd_scaling(args) -> int:
+    from .ladder.scaling import run_scaling
+    from .report.live import default_console
+    from .workloads import load_workload
+
+    device = _device(args.device)
+    size = args.size or ("base" if device.startswith("cuda") else "tiny")
+    try:
+        worlds = [int(w) for w in args.worlds.split(",")]
+    except ValueError:
+        raise FasttrainError(f"--worlds expects numbers like 1,2,4,8, got {args.worlds!r}") from None
+    if 1 not in worlds or min(worlds) < 1:
+        raise FasttrainError("--worlds must include 1 (the single-process reference)")
+    modes = [m.strip() for m in args.sharding.split(",") if m.strip()]
+    recipe = _base_recipe(args)
+    per_gpu = args.per_gpu_batch or load_workload(args.workload, size).default_batch
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) / f"scaling-{args.workload}-{size}-{stamp}.jsonl"
+    console = default_console()
+
+    def show(row):
+        if row.get("error"):
+            console.print(f"  {row['rung']:>10}: error: {row['error']}")
+            return
+        eff = f"{row['efficiency']:.0%}" if row.get("efficiency") else "–"
+        mem = row.get("peak_allocated_gib")
+        console.print(f"  {row['rung']:>10}: {row['throughput']:,.1f} {row['throughput_unit']} "
+                      f"per GPU, efficiency {eff}, peak/GPU "
+                      f"{'–' if mem is None else f'{mem:.2f} GiB'}")
+
+    run_scaling(args.workload, size, recipe, worlds, modes, per_gpu, device, args.steps,
+                args.warmup, out, show, args.rung_timeout)
+    print(f"rows: {out}")
+    return 0
+
+
 def cmd_report(args) -> int:
     from rich.console import Console
 
@@ -275,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:8s} {target}")
             return 0
         return {"ladder": cmd_ladder, "train": cmd_train, "profile": cmd_profile,
-                "fit": cmd_fit, "report": cmd_report}[args.command](args)
+                "fit": cmd_fit, "scaling": cmd_scaling, "report": cmd_report}[args.command](args)
     except ValueError as err:  # a workload's or technique's complaint about the input
         print(f"fasttrain: error: {err}", file=sys.stderr)
         return 2

@@ -46,9 +46,14 @@ def run_spec(spec: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    from ..distributed.env import current, shutdown
+
     spec = json.loads(Path(argv[0]).read_text())
     row = run_spec(spec)
-    write_atomic(Path(argv[1]), json.dumps(row))
+    if current().main:  # under torchrun every rank runs the rung; rank 0 reports it
+        row["world_size"] = current().world
+        write_atomic(Path(argv[1]), json.dumps(row))
+    shutdown()
     return 0
 
 

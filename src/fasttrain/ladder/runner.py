@@ -36,6 +36,7 @@ class LadderSpec:
     peer: bool = False
     rung_timeout: float | None = None
     extra_rungs: list[tuple[str, Recipe]] = field(default_factory=list)
+    nproc: int = 1  # processes per rung, launched through torchrun
 
 
 def append_row(path: Path, row: dict) -> None:
@@ -48,14 +49,19 @@ def append_row(path: Path, row: dict) -> None:
 
 
 def _run_child(module: str, args: list[str], timeout: float | None, log: Path,
-               extra_env: dict[str, str] | None = None) -> str | None:
-    """Run ``python -m module args``; returns an error line or None."""
+               extra_env: dict[str, str] | None = None, nproc: int = 1) -> str | None:
+    """Run ``python -m module args`` (under torchrun when ``nproc`` > 1); an error line or None."""
+    from ..distributed.launch import torchrun_prefix
+
     env = {**os.environ, **(extra_env or {})}
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    prefix = torchrun_prefix(nproc) if nproc > 1 else [sys.executable]
+    if nproc > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
     with open(log, "w") as logf:
         try:
-            proc = subprocess.run([sys.executable, "-m", module, *args], stdout=logf,
+            proc = subprocess.run([*prefix, "-m", module, *args], stdout=logf,
                                   stderr=subprocess.STDOUT, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return f"timed out after {timeout:.0f} s"
@@ -72,7 +78,8 @@ def run_rung(spec: LadderSpec, name: str, recipe: Recipe, workdir: Path) -> dict
     spec_path, row_path = workdir / f"{name}.spec.json", workdir / f"{name}.row.json"
     spec_path.write_text(json.dumps(child))
     err = _run_child("fasttrain.ladder.child", [str(spec_path), str(row_path)],
-                     spec.rung_timeout, workdir / f"{name}.log", allocator.child_env(recipe))
+                     spec.rung_timeout, workdir / f"{name}.log", allocator.child_env(recipe),
+                     nproc=spec.nproc)
     row = json.loads(row_path.read_text()) if row_path.exists() else {}
     if err and not row.get("error"):
         row["error"] = err

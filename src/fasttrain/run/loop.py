@@ -315,7 +315,8 @@ def _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait)
     tflops = flops / med / 1e12 if flops else None
     cuda = dev.type == "cuda"
     return RunResult(
-        batch=state.micro_batch * state.recipe.accumulation, steps=len(totals),
+        batch=state.micro_batch * state.recipe.accumulation * dist_env.current().world,
+        steps=len(totals),
         step_time_s=med, step_time_min_s=min(totals), step_time_max_s=max(totals),
         throughput=count / med, throughput_unit=f"{wl.unit}/s",
         peak_allocated_gib=dist_env.max_float(

@@ -1,0 +1,45 @@
+"""Scaling report: per-GPU throughput and memory at 1/2/4/8 processes for each sharding mode.
+
+Each (world size, sharding) point is one rung in fresh processes under torchrun with the same
+per-GPU batch; efficiency = per-GPU throughput / the best single-process throughput at that
+per-GPU batch (DESIGN.md's ``scaling`` row), so sharding overhead counts against it.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from ..env import environment
+from ..recipe import Recipe
+from .runner import LadderSpec, append_row, run_rung
+
+
+def run_scaling(workload: str, size: str, recipe: Recipe, worlds: list[int], modes: list[str],
+                per_gpu_batch: int, device: str, steps: int = 20, warmup: int = 5,
+                out: Path | None = None, on_row: Callable[[dict], None] | None = None,
+                timeout: float | None = None) -> list[dict]:
+    env, rows, best_single = environment(device), [], None
+    with tempfile.TemporaryDirectory(prefix="fasttrain-scaling-") as tmp:
+        for world in sorted(worlds):
+            for mode in (["none"] if world == 1 else modes):
+                rec = recipe.replace(sharding=mode, batch=per_gpu_batch * world)
+                spec = LadderSpec(workload=workload, size=size, steps=steps, warmup=warmup,
+                                  device=device, nproc=world, rung_timeout=timeout)
+                name = f"w{world}-{mode}"
+                row = run_rung(spec, name, rec, Path(tmp))
+                row.update(kind="scaling", workload=workload, size=size, rung=name,
+                           world_size=world, sharding=mode, recipe=rec.to_dict(),
+                           per_gpu_batch=per_gpu_batch, env=env)
+                if not row.get("error"):
+                    row["total_throughput"] = row["throughput"]
+                    row["throughput"] = row["throughput"] / world  # per GPU
+                    if world == 1:
+                        best_single = max(best_single or 0.0, row["throughput"])
+                    row["efficiency"] = (row["throughput"] / best_single) if best_single else None
+                rows.append(row)
+                if out:
+                    append_row(out, row)
+                if on_row:
+                    on_row(row)
+    return rows
