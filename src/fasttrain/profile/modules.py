@@ -8,13 +8,13 @@ steps with unhooked ones (reported, not assumed).
 from __future__ import annotations
 
 import statistics
-import time
 from collections import defaultdict
 
 import torch
 from torch import nn
 
 from ..run.loop import Observer
+from ..run.timer import elapsed, timestamp
 from ..techniques.base import TrainState
 
 
@@ -53,11 +53,7 @@ class ModuleTimer(Observer):
         self._filters = None
 
     def _now(self):
-        if self.cuda:
-            evt = torch.cuda.Event(enable_timing=True)
-            evt.record()
-            return evt
-        return time.perf_counter()
+        return timestamp(self.cuda)
 
     def _open(self, name: str, kind: str, mod: nn.Module):
         if self.on:
@@ -121,7 +117,7 @@ class ModuleTimer(Observer):
             for name, kind, a, b in self.spans[step]:
                 if kind == "bwd" and name in self.no_input_grad:
                     continue
-                acc[f"{name} {kind}"] += (a.elapsed_time(b) / 1e3) if self.cuda else (b - a)
+                acc[f"{name} {kind}"] += elapsed(a, b, self.cuda)
             per_step.append(acc)
         keys = sorted({k for d in per_step for k in d})
         sole = self.trainable_names[0] if len(self.trainable_names) == 1 else None

@@ -12,6 +12,20 @@ from collections import defaultdict
 import torch
 
 
+def timestamp(cuda: bool):
+    """A CUDA event recorded on the current stream (read later, no sync), or the host clock."""
+    if cuda:
+        evt = torch.cuda.Event(enable_timing=True)
+        evt.record()
+        return evt
+    return time.perf_counter()
+
+
+def elapsed(a, b, cuda: bool) -> float:
+    """Seconds between two ``timestamp``s (CUDA events must be complete)."""
+    return a.elapsed_time(b) / 1e3 if cuda else b - a
+
+
 class PhaseTimer:
     """``mark(phase)`` closes the running phase and opens ``phase``; ``step()`` starts a step."""
 
@@ -23,11 +37,7 @@ class PhaseTimer:
         self._label = None
 
     def _now(self):
-        if self.cuda:
-            evt = torch.cuda.Event(enable_timing=True)
-            evt.record()
-            return evt
-        return time.perf_counter()
+        return timestamp(self.cuda)
 
     def step(self) -> None:
         """Start a new step (closes the last phase of the previous one at this point)."""
@@ -64,7 +74,7 @@ class PhaseTimer:
             self._label = None
 
     def _elapsed(self, a, b) -> float:
-        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+        return elapsed(a, b, self.cuda)
 
     def results(self, skip: int) -> tuple[list[float], dict[str, list[float]]]:
         """Per-step seconds and per-phase seconds per step, for steps after ``skip``."""
