@@ -1,5 +1,4 @@
 """Memory techniques, the batch-size finder and the memory ladder (CPU)."""
-import json
 import subprocess
 import sys
 from pathlib import Path

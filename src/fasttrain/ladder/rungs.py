@@ -4,7 +4,7 @@ Each rung is the previous recipe plus its changes (cumulative)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FasttrainError
