@@ -22,4 +22,8 @@ lane 2 32-47 "bash benchmarks/h200_profile.sh"
 lane 3 48-63 "bash benchmarks/h200_memory.sh"
 wait
 for g in 0 1 2 3; do grep -v '^USDT' /tmp/lane$g.log; done > "$OUT/lanes.log"
+# At most 8 files come back: rows and suggested recipes in one archive, traces in another.
+( cd "$OUT" && find . -name '*.jsonl' -o -name '*.toml' | tar czf rows.tgz -T - \
+  && find . -name '*.json.gz' | tar cf traces.tar -T - \
+  && find . -mindepth 1 ! -name rows.tgz ! -name traces.tar ! -name lanes.log -delete )
 tail -c 6000 "$OUT/lanes.log"
