@@ -114,3 +114,17 @@ def test_previous_parity_is_not_checked_when_the_rung_before_failed():
     row = {"rung": "ckpt", "losses": [2.0, 1.9], "step_time_s": 1.0, "batch": 8, "error": None}
     out = _check(row, Rung("ckpt", {}, "", parity="previous"), ref, None, Recipe())
     assert out["parity"]["passed"] is None and "did not run" in out["parity"]["reason"]
+
+
+def test_peer_summary_compares_the_best_passing_rung_with_the_peer():
+    from fasttrain.report.table import peer_summary
+
+    rows = [{"kind": "ladder", "rung": "fp32", "throughput": 100.0, "throughput_unit": "img/s",
+             "parity": {"passed": True}},
+            {"kind": "ladder", "rung": "bad", "throughput": 900.0, "throughput_unit": "img/s",
+             "parity": {"passed": False}},
+            {"kind": "ladder", "rung": "graphs", "throughput": 300.0, "throughput_unit": "img/s",
+             "parity": {"passed": True}},
+            {"kind": "peer", "rung": "peer", "throughput": 250.0}]
+    assert "'graphs'" in peer_summary(rows) and "1.20x" in peer_summary(rows)
+    assert peer_summary(rows[:3]) is None

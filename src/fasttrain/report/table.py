@@ -52,8 +52,23 @@ def row_cells(row: dict) -> list[str]:
             ("×" if row.get("speedup") else ""), _parity(row), comment]
 
 
+def peer_summary(rows: list[dict]) -> str | None:
+    """'best rung X: 1.15x the peer (same run)' when a ladder has a peer row."""
+    peer = next((r for r in rows if r.get("kind") == "peer" and not r.get("error")), None)
+    ours = [r for r in rows if r.get("kind") == "ladder" and r.get("throughput")
+            and (r.get("parity") or {}).get("passed") is not False]
+    if not peer or not ours:
+        return None
+    best = max(ours, key=lambda r: r["throughput"])
+    ratio = best["throughput"] / peer["throughput"]
+    return (f"best fasttrain rung '{best['rung']}': {best['throughput']:,.1f} "
+            f"{best['throughput_unit']} = {ratio:.2f}x the peer's {peer['throughput']:,.1f} "
+            f"(same run); peak {best.get('peak_allocated_gib') or 0:.1f} vs "
+            f"{peer.get('peak_allocated_gib') or 0:.1f} GiB")
+
+
 def rich_table(rows: list[dict], title: str | None = None) -> Table:
-    table = Table(title=title, header_style="bold")
+    table = Table(title=title, header_style="bold", caption=peer_summary(rows))
     for col in COLUMNS:
         table.add_column(col, justify="left" if col in ("rung", "comment", "parity") else "right",
                          overflow="fold")
@@ -69,6 +84,9 @@ def markdown_table(rows: list[dict], link: str | None = None) -> str:
     for row in rows:
         cells = [c.replace("|", "/") for c in row_cells(row)]
         lines.append("| " + " | ".join(cells) + " |")
+    summary = peer_summary(rows)
+    if summary:
+        lines.append(f"\n{summary}.")
     if link:
         lines.append(f"\nRows: [{link}]({link})")
     return "\n".join(lines)
