@@ -39,10 +39,19 @@ def single():
 
 @pytest.mark.parametrize("mode", ["ddp", "zero1", "zero2", "zero3"])
 def test_two_processes_match_one_on_the_same_global_batch(single, mode):
+    """(accumulation with no_sync is covered by the next test)"""
     losses = _losses(_train("llama", "--steps", "3", "--set", "batch=8", "--set",
                             f"sharding={mode}", nproc=2))
     assert losses[0] == pytest.approx(single[0], rel=1e-6)  # step 1: no update yet
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(single), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "zero2"])
+def test_accumulation_reduces_once_and_still_matches_one_process(mode):
+    one = _losses(_train("llama", "--steps", "3", "--set", "batch=8", "--set", "accumulation=2"))
+    two = _losses(_train("llama", "--steps", "3", "--set", "batch=8", "--set", "accumulation=2",
+                         "--set", f"sharding={mode}", nproc=2))
+    torch.testing.assert_close(torch.tensor(two), torch.tensor(one), rtol=1e-5, atol=0)
 
 
 def test_checkpoint_round_trip_across_world_sizes_and_export(tmp_path, single):

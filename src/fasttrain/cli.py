@@ -155,6 +155,8 @@ def cmd_train(args) -> int:
     device = _device(args.device)
     size = args.size or ("base" if device.startswith("cuda") else "tiny")
     recipe = _base_recipe(args)
+    if args.export and not args.save:
+        raise FasttrainError("--export consolidates the checkpoint of --save; give both")
     wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **_options(args.opt))
     res = train(wl, recipe, steps=args.steps, warmup=args.warmup, device=device,
                 save_to=args.save, resume_from=args.resume)
@@ -194,6 +196,10 @@ def cmd_profile(args) -> int:
     snap = folder / "memory-snapshot.pickle" if args.memory_snapshot else None
     row = run_profile(wl, recipe, device, steps=args.steps, warmup=args.warmup,
                       active=args.active, trace_dir=folder, snapshot=snap)
+    from .distributed.env import current
+
+    if not current().main:  # every rank profiles; rank 0 reports
+        return 0
     append_row(folder / "profile.jsonl", row)
     default_console().print(render(row))
     print(f"row: {folder / 'profile.jsonl'}")

@@ -56,7 +56,9 @@ def init(device_type: str, timeout_s: float) -> Dist:
         if device_type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend=backend, timeout=timeout)
-        _CONTROL = dist.new_group(backend="gloo", timeout=timeout)
+    if _CONTROL is None:  # also when the caller initialised the process group itself
+        _CONTROL = dist.new_group(backend="gloo",
+                                  timeout=datetime.timedelta(seconds=timeout_s))
     return current()
 
 

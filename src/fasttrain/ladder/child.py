@@ -50,10 +50,14 @@ def main(argv: list[str]) -> int:
 
     spec = json.loads(Path(argv[0]).read_text())
     row = run_spec(spec)
-    if current().main:  # under torchrun every rank runs the rung; rank 0 reports it
-        row["world_size"] = current().world
+    d = current()
+    if d.main:  # under torchrun every rank runs the rung; rank 0 reports it
+        row["world_size"] = d.world
         write_atomic(Path(argv[1]), json.dumps(row))
     shutdown()
+    if row.get("error") and not d.main:  # fail the job so torchrun reports this rank's cause
+        print(f"rank {d.rank}: {row['error']}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -60,10 +60,17 @@ def _run_child(module: str, args: list[str], timeout: float | None, log: Path,
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
     with open(log, "w") as logf:
+        proc = subprocess.Popen([*prefix, "-m", module, *args], stdout=logf,
+                                stderr=subprocess.STDOUT, env=env)
         try:
-            proc = subprocess.run([*prefix, "-m", module, *args], stdout=logf,
-                                  stderr=subprocess.STDOUT, timeout=timeout, env=env)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            proc.terminate()  # torchrun forwards SIGTERM to its workers and waits for them
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             return f"timed out after {timeout:.0f} s"
     if proc.returncode != 0:
         tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:]

@@ -103,7 +103,9 @@ class KernelProfiler(Observer):
         self.prof.__enter__()
 
     def _ready(self, prof) -> None:
-        if self.trace_dir is None:
+        from ..distributed.env import current
+
+        if self.trace_dir is None or not current().main:  # one trace per job: rank 0's
             return
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         raw = self.trace_dir / f"trace-{os.getpid()}.json"

@@ -23,7 +23,8 @@ from ..techniques.base import TrainState
 META = "fasttrain.json"
 
 
-def _check(state: TrainState) -> None:
+def check(state: TrainState) -> None:
+    """Refuse what save/resume cannot handle, before any step runs."""
     if not isinstance(state.optimizer, torch.optim.Optimizer) or state.zero1:
         raise FasttrainError("checkpoints need a plain or FSDP2-sharded optimizer; offload, "
                              "master_weights and zero1 are not supported for save/resume yet")
@@ -38,7 +39,7 @@ def _state(state: TrainState) -> dict:
 
 
 def save(state: TrainState, folder: str | Path, step: int) -> Path:
-    _check(state)
+    check(state)
     folder = Path(folder)
     if state.ema is not None:
         state.ema.synchronize()
@@ -56,11 +57,16 @@ def save(state: TrainState, folder: str | Path, step: int) -> Path:
 
 def load(state: TrainState, folder: str | Path) -> int:
     """Restore model, optimizer, EMA and schedule; returns the step to continue from."""
-    _check(state)
+    check(state)
     folder = Path(folder)
     if not (folder / META).is_file():
         raise FasttrainError(f"no fasttrain checkpoint in {folder}")
     meta = json.loads((folder / META).read_text())
+    saved, now = meta.get("recipe", {}), state.recipe.to_dict()
+    for key in ("batch", "ema", "optimizer", "accumulation"):  # the data position and the
+        if key in saved and saved[key] != now[key]:             # state layout depend on these
+            raise FasttrainError(f"resume: the checkpoint has {key}={saved[key]!r}, this run "
+                                 f"{key}={now[key]!r}")
     target = _state(state)
     dcp.load(target, checkpoint_id=str(folder))
     set_state_dict(state.model, state.optimizer, model_state_dict=target["model"],
@@ -68,9 +74,12 @@ def load(state: TrainState, folder: str | Path) -> int:
     if state.ema is not None:
         for i, t in enumerate(state.ema.shadow):
             t.copy_(target["ema"][f"{i}"])
+    step = int(meta["step"])
     if state.scheduler is not None and meta.get("scheduler"):
         state.scheduler.load_state_dict(meta["scheduler"])
-    return int(meta["step"])
+        if hasattr(state.scheduler, "T_max"):  # the cosine horizon extends to this run's end
+            state.scheduler.T_max = step + state.total_steps
+    return step
 
 
 def export(folder: str | Path, file: str | Path) -> Path:

@@ -147,15 +147,18 @@ class _Stepper:
     def _eager(self, micro: list[Batch]) -> torch.Tensor:
         s, t = self.s, self.timer
         total = None
-        for mb in micro:
-            t.mark("forward")
-            with s.step_context():
-                loss = s.workload.loss(s.model, mb) / self.count
-            t.mark("backward")
-            # DDP and FSDP average gradients over ranks; each rank's loss is its share of the
-            # global sum / global count, so scaling by the world size restores the true gradient.
-            scaled = loss * s.world if s.world > 1 else loss
-            (s.scaler.scale(scaled) if s.scaler else scaled).backward()
+        for i, mb in enumerate(micro):
+            # Gradients are reduced across ranks once per step, on the last micro-batch.
+            quiet = s.no_sync is not None and i < len(micro) - 1
+            with s.no_sync() if quiet else contextlib.nullcontext():
+                t.mark("forward")
+                with s.step_context():
+                    loss = s.workload.loss(s.model, mb) / self.count
+                t.mark("backward")
+                # DDP and FSDP average gradients over ranks; each rank's loss is its share of the
+                # global sum / global count, so scaling by the world size restores the gradient.
+                scaled = loss * s.world if s.world > 1 else loss
+                (s.scaler.scale(scaled) if s.scaler else scaled).backward()
             total = loss.detach() if total is None else total + loss.detach()
         if s.recipe.grad_clip:
             t.mark("clip")
@@ -248,6 +251,8 @@ def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
         warmup = max(warmup, 4)  # 3 eager steps, then capture + first replay
     state, dataset, flops = prepare(workload, recipe, dev, total_steps=warmup + steps)
     try:
+        if save_to or resume_from:
+            checkpoint.check(state)  # before the run, not after it
         start = checkpoint.load(state, resume_from) if resume_from else 0
         for obs in observers:
             obs.attach(state)
@@ -268,7 +273,7 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
     d = dist_env.current()
     loader = make_loader(wl, state.micro_batch, r.seed, dataset=dataset, rank=d.rank,
                          world=d.world, global_batch=state.micro_batch * r.accumulation * d.world,
-                         start_step=start_step * r.accumulation, **state.loader_kwargs)
+                         start_step=start_step, **state.loader_kwargs)
     it = (DevicePrefetcher(iter(loader), dev, r.accumulation) if state.device_prefetch
           else HostBatches(iter(loader), dev, r.accumulation, state.non_blocking))
     timer = PhaseTimer(dev, labels=any(o.labels for o in observers))

@@ -38,6 +38,7 @@ class TrainState:
     total_steps: int = 0  # warm-up + timed steps (for schedules)
     world: int = 1  # data-parallel processes; each rank's loss is scaled by it (see sharding)
     zero1: bool = False  # the optimizer is wrapped in ZeroRedundancyOptimizer
+    no_sync: Callable[[], ContextManager] | None = None  # skip gradient reduction (accumulation)
     compile_baseline: dict[str, int] = field(default_factory=dict)  # dynamo counters before
     step_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
     optimizer: torch.optim.Optimizer | None = None

@@ -13,6 +13,9 @@ Order (torchtitan's): activation checkpointing → compile (per block) → shard
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 from torch import nn
 
@@ -31,7 +34,13 @@ def _ddp(state: TrainState) -> nn.Module:
 
     ids = [state.device.index if state.device.index is not None else 0] if state.cuda else None
     return DDP(state.model, device_ids=ids, gradient_as_bucket_view=True,
-               static_graph=state.recipe.compile == "none")
+               static_graph=_static(state.recipe))
+
+
+def _static(recipe) -> bool:
+    # The same graph every step, but DDP's static graph trips an internal assert under no_sync
+    # (accumulation), and compiled modules change its hook order: eager, one micro-batch only.
+    return recipe.compile == "none" and recipe.accumulation == 1
 
 
 def _fsdp(state: TrainState, reshard: bool) -> int:
@@ -51,6 +60,15 @@ def _fsdp(state: TrainState, reshard: bool) -> int:
     return len(blocks)
 
 
+@contextlib.contextmanager
+def _fsdp_no_sync(model: nn.Module):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
 def apply(state: TrainState) -> str | None:
     d = env.current()
     mode = resolve(state.recipe, d.world)
@@ -64,11 +82,13 @@ def apply(state: TrainState) -> str | None:
         return None
     if mode in ("ddp", "zero1"):
         state.model = _ddp(state)
+        state.no_sync = state.model.no_sync
         state.zero1 = mode == "zero1"
         return (f"{mode}: DDP over {d.world} ranks, gradient-as-bucket-view"
-                + (", static graph" if state.recipe.compile == "none" else "")
+                + (", static graph" if _static(state.recipe) else "")
                 + ("; optimizer state sharded (ZeroRedundancyOptimizer)" if state.zero1 else ""))
     n = _fsdp(state, reshard=mode == "zero3")
+    state.no_sync = functools.partial(_fsdp_no_sync, state.model)
     return (f"{mode}: FSDP2 over {d.world} ranks, {n} blocks + root, reshard after forward "
             f"{mode == 'zero3'}" + (", CPU offload" if state.recipe.offload == "params" else ""))
 
