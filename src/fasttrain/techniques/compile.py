@@ -23,8 +23,11 @@ def _recompile_limit_attr() -> str:
 def apply(state: TrainState) -> str | None:
     r = state.recipe
     state.compile_baseline = graph_stats()  # dynamo's counters are per process, not per run
+    # Static shapes: every block always sees the same shapes. Regional compile runs every block
+    # through the one Module._call_impl code object, so without this the second distinct block
+    # shape turns on dynamo's automatic dynamic shapes and later blocks get dynamic-shape graphs.
     opts = {"mode": None if r.compile_mode == "default" else r.compile_mode,
-            "backend": r.compile_backend}
+            "backend": r.compile_backend, "dynamic": False}
     if r.compile == "model":
         state.model.compile(**opts)
         return f"whole model compiled (backend {r.compile_backend}, mode {r.compile_mode})"
