@@ -99,6 +99,8 @@ def test_cli_ladder_on_a_user_workload(tmp_path):
     (["train", "vit", "--size", "huge"], "unknown size 'huge'"),
     (["train", "nosuch.module:make"], "cannot import 'nosuch.module'"),
     (["report", "missing.jsonl"], "no such rows file"),
+    (["fit", "vit", "--nproc", "2"], "fit searches the batch of one process"),
+    (["scaling", "vit", "--nproc", "2"], "use --worlds"),
 ])
 def test_cli_user_mistakes_are_one_line(argv, needle):
     proc = subprocess.run([sys.executable, "-m", "fasttrain", *argv, "--device", "cpu"]

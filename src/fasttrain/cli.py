@@ -224,6 +224,9 @@ def cmd_fit(args) -> int:
 
     device = _device(args.device)
     size = args.size or ("base" if device.startswith("cuda") else "tiny")
+    if args.nproc > 1 or args.nnodes > 1:
+        raise FasttrainError("fit searches the batch of one process; --nproc is for train, "
+                             "profile and ladder")
     if not 0 <= args.headroom < 0.9 or args.max_batch < 1:
         raise FasttrainError("fit: --headroom must be in [0, 0.9) and --max-batch >= 1")
     if args.memory_budget is not None and args.memory_budget <= 0:
@@ -264,6 +267,8 @@ def cmd_scaling(args) -> int:
     from .report.live import default_console
     from .workloads import load_workload
 
+    if args.nproc > 1 or args.nnodes > 1:
+        raise FasttrainError("scaling sets the process counts itself: use --worlds 1,2,4,8")
     device = _device(args.device)
     size = args.size or ("base" if device.startswith("cuda") else "tiny")
     try:
