@@ -3,26 +3,14 @@
 # the same call, then the ViT ladder with its peer (the cuda-graphs rung, now without the batch
 # prefetch under graphs) and the GPU tests; lane 2 the profile evidence; lane 3 the memory
 # evidence. Each lane pinned to its 16 cores. Rows under $OUT, lane logs in $OUT/lanes.log.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .peerwheels/*.whl \
-  && export PYTHONPATH=src:/tmp/site
-OUT=${OUT:-out}; mkdir -p "$OUT"
-lane() {  # lane GPU CORES COMMAND...
-  local gpu=$1 cores=$2; shift 2
-  ( export CUDA_VISIBLE_DEVICES=$gpu FASTTRAIN_CACHE=/tmp/ftcache$gpu OUT="$OUT"
-    for cmd in "$@"; do echo "== gpu$gpu: $cmd"; taskset -c "$cores" bash -c "$cmd"; done
-  ) > "/tmp/lane$gpu.log" 2>&1 &
-}
+. "$(dirname "$0")/lanes.sh"
 L="python3 -m fasttrain ladder --out $OUT --rung-timeout 420"
 lane 0 0-15  "$L sd --size base --warmup 3"
 lane 1 16-31 "$L sd --size base --rungs none --peer --warmup 3" "$L vit --size base --peer" \
   "python3 -m pytest -q -m gpu tests/test_gpu.py"
 lane 2 32-47 "bash benchmarks/h200_profile.sh"
 lane 3 48-63 "bash benchmarks/h200_memory.sh"
-wait
-for g in 0 1 2 3; do grep -v '^USDT' /tmp/lane$g.log; done > "$OUT/lanes.log"
+finish_lanes
 # At most 8 files come back: rows and suggested recipes in one archive, traces in another.
 ( cd "$OUT" && find . -name '*.jsonl' -o -name '*.toml' | tar czf rows.tgz -T - \
   && find . -name '*.json.gz' | tar cf traces.tar -T - \

@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _out_path(args, kind: str, size: str, suffix: str = ".jsonl") -> Path:
+    """``out/<kind>-<workload>-<size>-<time><suffix>`` (a module:factory made file-safe)."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = args.workload.replace(":", "_").replace(".", "_")
+    return Path(args.out) / f"{kind}-{name}-{size}-{stamp}{suffix}"
+
+
 def _device(arg: str) -> str:
     import torch
 
@@ -124,9 +131,7 @@ def cmd_ladder(args) -> int:
     size = args.size or ("base" if device.startswith("cuda") else "tiny")
     if args.steps < 1 or args.warmup < 0:
         raise FasttrainError("--steps must be >= 1 and --warmup >= 0")
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = args.workload.replace(":", "_").replace(".", "_")
-    out = Path(args.out) / f"ladder-{name}-{size}-{stamp}.jsonl"
+    out = _out_path(args, "ladder", size)
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
     base = _base_recipe(argparse.Namespace(recipe=None, set=args.set, batch=args.batch))
     extra = []
@@ -190,9 +195,7 @@ def cmd_profile(args) -> int:
         raise FasttrainError("profile: --steps must be >= 2, --active >= 1, --warmup >= 0")
     recipe = _base_recipe(args)
     wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **_options(args.opt))
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = args.workload.replace(":", "_").replace(".", "_")
-    folder = Path(args.out) / f"profile-{name}-{size}-{stamp}"
+    folder = _out_path(args, "profile", size, suffix="")
     snap = folder / "memory-snapshot.pickle" if args.memory_snapshot else None
     row = run_profile(wl, recipe, device, steps=args.steps, warmup=args.warmup,
                       active=args.active, trace_dir=folder, snapshot=snap)
@@ -235,8 +238,7 @@ def cmd_fit(args) -> int:
                    budget_gib=args.memory_budget, max_batch=args.max_batch,
                    headroom=args.headroom, objective=args.objective, steps=args.steps,
                    warmup=args.warmup, data=args.data, options=_options(args.opt))
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) / f"fit-{args.workload.replace(':', '_')}-{size}-{stamp}.jsonl"
+    out = _out_path(args, "fit", size)
     console, env = default_console(), environment(device)
 
     def on_trial(row):
@@ -280,8 +282,7 @@ def cmd_scaling(args) -> int:
     modes = [m.strip() for m in args.sharding.split(",") if m.strip()]
     recipe = _base_recipe(args)
     per_gpu = args.per_gpu_batch or load_workload(args.workload, size).default_batch
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) / f"scaling-{args.workload}-{size}-{stamp}.jsonl"
+    out = _out_path(args, "scaling", size)
     console = default_console()
 
     def show(row):

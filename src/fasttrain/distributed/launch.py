@@ -38,12 +38,20 @@ def strip_launch_args(argv: list[str]) -> list[str]:
     return out
 
 
-def relaunch(argv: list[str], nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None) -> int:
-    """Run ``fasttrain <argv>`` under torchrun; returns its exit status."""
-    env = dict(os.environ)
+def child_env(extra: dict[str, str] | None = None, nproc: int = 1) -> dict[str, str]:
+    """Environment of a child process: this source tree importable (also uninstalled), and one
+    OpenMP thread per process when several share the machine."""
+    env = {**os.environ, **(extra or {})}
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
+    if nproc > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def relaunch(argv: list[str], nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None) -> int:
+    """Run ``fasttrain <argv>`` under torchrun; returns its exit status."""
+    env = child_env(nproc=max(nproc, 2))
     cmd = torchrun_prefix(nproc, nnodes, rdzv_endpoint) + ["-m", "fasttrain",
                                                            *strip_launch_args(argv)]
     return subprocess.run(cmd, env=env).returncode

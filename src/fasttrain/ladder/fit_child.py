@@ -15,6 +15,8 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from ..run.loop import Observer
+
 GIB = 1024 ** 3
 
 
@@ -36,18 +38,16 @@ def _eval_and_save(state, batch) -> None:
                         state.optimizer, "state_dict") else {}}, Path(tmp) / "ckpt.pt")
 
 
-class _EvalSave:
-    """Observer: after the last training step, one eval forward and one checkpoint save."""
+class _EvalSave(Observer):
+    """After the last training step, one eval forward and one checkpoint save."""
 
-    name, labels = "eval_save", False
+    name = "eval_save"
 
     def __init__(self, last: int):
-        self.last, self.state, self.batch, self.done = last, None, None, False
+        self.last, self.state, self.done = last, None, False
 
     def attach(self, state) -> None:
         self.state = state
-
-    def begin(self, step: int) -> None: ...
 
     def end(self, step: int) -> None:
         if step == self.last:

@@ -51,14 +51,10 @@ def append_row(path: Path, row: dict) -> None:
 def _run_child(module: str, args: list[str], timeout: float | None, log: Path,
                extra_env: dict[str, str] | None = None, nproc: int = 1) -> str | None:
     """Run ``python -m module args`` (under torchrun when ``nproc`` > 1); an error line or None."""
-    from ..distributed.launch import torchrun_prefix
+    from ..distributed.launch import child_env, torchrun_prefix
 
-    env = {**os.environ, **(extra_env or {})}
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env(extra_env, nproc)
     prefix = torchrun_prefix(nproc) if nproc > 1 else [sys.executable]
-    if nproc > 1:
-        env.setdefault("OMP_NUM_THREADS", "1")
     with open(log, "w") as logf:
         proc = subprocess.Popen([*prefix, "-m", module, *args], stdout=logf,
                                 stderr=subprocess.STDOUT, env=env)

@@ -1,0 +1,21 @@
+# Sourced by the multi-GPU scripts: environment, peer wheels, and `lane GPU CORES COMMAND...`,
+# which runs commands one after another on one GPU pinned to its cores, logging to
+# /tmp/laneGPU.log; `finish_lanes` waits and gathers the logs into $OUT/lanes.log.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .peerwheels/*.whl \
+  && export PYTHONPATH=src:/tmp/site
+OUT=${OUT:-out}; mkdir -p "$OUT"; export OUT
+nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,temperature.gpu --format=csv,noheader
+lane() {  # lane GPU CORES COMMAND...
+  local gpu=$1 cores=$2; shift 2
+  ( export CUDA_VISIBLE_DEVICES=$gpu FASTTRAIN_CACHE=/tmp/ftcache$gpu
+    for cmd in "$@"; do echo "== gpu$gpu: $cmd"; taskset -c "$cores" bash -c "$cmd"; done
+  ) > "/tmp/lane$gpu.log" 2>&1 &
+}
+finish_lanes() {
+  wait
+  for g in 0 1 2 3 4 5 6 7; do [ -f /tmp/lane$g.log ] && grep -v '^USDT' /tmp/lane$g.log; done \
+    > "$OUT/lanes.log"
+}
