@@ -1,7 +1,10 @@
 # Sourced by the multi-GPU scripts: environment, peer wheels, and `lane GPU CORES COMMAND...`,
 # which runs commands one after another on one GPU pinned to its cores, logging to
-# /tmp/laneGPU.log; `finish_lanes` waits and gathers the logs into $OUT/lanes.log.
+# /tmp/laneGPU.log; `finish_lanes` waits and gathers the logs into $OUT/lanes.log. Every lane
+# stops at the same deadline, LANE_BUDGET seconds (default 540) after this file is sourced: a
+# command still running then is stopped (its finished rows stay), later ones are skipped.
 set -u
+LANE_END=$(( $(date +%s) + ${LANE_BUDGET:-540} ))
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .peerwheels/*.whl \
@@ -11,7 +14,12 @@ nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,temperature.gpu --forma
 lane() {  # lane GPU CORES COMMAND...
   local gpu=$1 cores=$2; shift 2
   ( export CUDA_VISIBLE_DEVICES=$gpu FASTTRAIN_CACHE=/tmp/ftcache$gpu
-    for cmd in "$@"; do echo "== gpu$gpu: $cmd"; taskset -c "$cores" bash -c "$cmd"; done
+    for cmd in "$@"; do
+      left=$(( LANE_END - $(date +%s) ))
+      if [ "$left" -le 10 ]; then echo "== gpu$gpu: skipped, no time left: $cmd"; continue; fi
+      echo "== gpu$gpu ($left s left): $cmd"
+      timeout -k 15 "$left" taskset -c "$cores" bash -c "$cmd" || echo "== gpu$gpu: exit $?"
+    done
   ) > "/tmp/lane$gpu.log" 2>&1 &
 }
 finish_lanes() {

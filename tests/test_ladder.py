@@ -8,6 +8,7 @@ import pytest
 
 from fasttrain.ladder.rungs import build_ladder
 from fasttrain.ladder.runner import LadderSpec, finish_row, run_ladder
+from fasttrain.errors import FasttrainError
 from fasttrain.recipe import Recipe
 from fasttrain.report.table import markdown_table
 from fasttrain.workloads import REGISTRY, load_workload
@@ -133,3 +134,18 @@ def test_peer_summary_compares_the_best_passing_rung_with_the_peer():
             {"kind": "peer", "rung": "peer", "throughput": 250.0}]
     assert "'graphs'" in peer_summary(rows) and "1.20x" in peer_summary(rows)
     assert peer_summary(rows[:3]) is None
+
+
+def test_from_runs_the_base_then_the_later_rungs_with_cumulative_recipes():
+    from fasttrain.ladder.runner import LadderSpec, _plan
+
+    _, plan = _plan(LadderSpec(workload="vit", size="tiny", rungs=["default"], start_at="compile"))
+    assert [r.name for r, _ in plan] == ["fp32", "compile", "cuda-graphs"]
+    compiled = plan[1][1]
+    assert (compiled.precision, compiled.optimizer_impl, compiled.compile) == (
+        "bf16-mixed", "fused", "model")
+    _, mem = _plan(LadderSpec(workload="vit", size="tiny", rungs=["memory"],
+                              start_at="checkpointing"))
+    assert mem[1][0].parity == "none" and "--from" in mem[1][0].parity_note
+    with pytest.raises(FasttrainError, match="--from 'nope' is not a rung"):
+        _plan(LadderSpec(workload="vit", size="tiny", rungs=["default"], start_at="nope"))

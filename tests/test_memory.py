@@ -208,3 +208,11 @@ def test_ema_of_bf16_weights_is_kept_in_fp32():
     for _ in range(1000):
         ema.update()
     assert ema.shadow[0].dtype == torch.float32 and ema.shadow[0][0].item() > 0.0209
+
+
+def test_search_respects_multiple_of():
+    fake = _FakeSearch(1, 4096, lambda b: b <= 1000)
+    fake.s.spec.multiple_of = 8
+    found = fake.s.largest(600)
+    assert found["batch"] == 1000 and all(b % 8 == 0 for b in fake.s.trials)
+    assert len(fake.s.trials) <= 10

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(lad)
     lad.add_argument("--rungs", default="default",
                      help="comma-separated rung names, 'default', or 'none' (only --peer)")
+    lad.add_argument("--from", dest="start_at", default=None, metavar="RUNG",
+                     help="run the first rung (the parity base), then only the rungs from RUNG "
+                          "on, their recipes still cumulative")
     lad.add_argument("--out", default="out", help="folder for the JSONL rows (default out/)")
     lad.add_argument("--peer", action="store_true",
                      help="also run the public-code peer (bf16 + fused AdamW + compile)")
@@ -79,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--memory-budget", type=float, default=None, metavar="GiB",
                      help="memory budget (default: the GPU's memory; required on CPU)")
     fit.add_argument("--max-batch", type=int, default=4096)
+    fit.add_argument("--multiple-of", type=int, default=1, metavar="N",
+                     help="search only batches that are multiples of N (8 halves the trials "
+                          "of a large search and keeps GEMM shapes friendly)")
     fit.add_argument("--objective", choices=("fit", "throughput"), default="fit")
     fit.add_argument("--headroom", type=float, default=0.05, help="fraction kept free (0.05)")
     fit.add_argument("--out", default="out", help="folder for the trial rows")
@@ -145,7 +151,8 @@ def cmd_ladder(args) -> int:
     spec = LadderSpec(workload=args.workload, size=size, rungs=rungs, base=base,
                       steps=args.steps, warmup=args.warmup, device=device, data=args.data,
                       options=_options(args.opt), out=out, peer=args.peer and args.nproc == 1,
-                      rung_timeout=args.rung_timeout, extra_rungs=extra, nproc=args.nproc)
+                      rung_timeout=args.rung_timeout, extra_rungs=extra, nproc=args.nproc,
+                      start_at=args.start_at)
     rows = run_with_progress(spec)
     print(f"rows: {out}")
     bad = [r for r in rows if r.get("kind") == "ladder" and (
@@ -230,13 +237,15 @@ def cmd_fit(args) -> int:
     if args.nproc > 1 or args.nnodes > 1:
         raise FasttrainError("fit searches the batch of one process; --nproc is for train, "
                              "profile and ladder")
-    if not 0 <= args.headroom < 0.9 or args.max_batch < 1:
-        raise FasttrainError("fit: --headroom must be in [0, 0.9) and --max-batch >= 1")
+    if not 0 <= args.headroom < 0.9 or args.max_batch < 1 or args.multiple_of < 1:
+        raise FasttrainError("fit: --headroom must be in [0, 0.9), --max-batch and "
+                             "--multiple-of >= 1")
     if args.memory_budget is not None and args.memory_budget <= 0:
         raise FasttrainError("fit: --memory-budget must be > 0 GiB")
     spec = FitSpec(workload=args.workload, size=size, recipe=_base_recipe(args), device=device,
                    budget_gib=args.memory_budget, max_batch=args.max_batch,
                    headroom=args.headroom, objective=args.objective, steps=args.steps,
+                   multiple_of=args.multiple_of,
                    warmup=args.warmup, data=args.data, options=_options(args.opt))
     out = _out_path(args, "fit", size)
     console, env = default_console(), environment(device)

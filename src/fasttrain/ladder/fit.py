@@ -12,6 +12,7 @@ the batch and mode with the most samples/s within the budget.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ class FitSpec:
     max_batch: int = 4096
     headroom: float = 0.05
     objective: str = "fit"  # fit | throughput
+    multiple_of: int = 1  # searched batches are multiples of this (and of the accumulation)
     steps: int = 2
     warmup: int = 1
     data: str | None = None
@@ -99,7 +101,7 @@ class Search:
 
     def largest(self, start: int) -> dict | None:
         """Grow from ``start`` by doubling until a trial fails, then bisect; the passing row."""
-        k = self.recipe.accumulation
+        k = math.lcm(self.recipe.accumulation, self.spec.multiple_of)
         step = lambda b: max(k, (b // k) * k)  # noqa: E731 — batches stay multiples of k
         cap = step(self.spec.max_batch)  # the largest batch allowed that is a multiple of k
         lo, hi, b = None, None, step(min(start, cap))

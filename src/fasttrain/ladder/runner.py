@@ -7,11 +7,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from ..env import environment
+from ..errors import FasttrainError
 from ..recipe import Recipe
 from ..run.parity import compare
 from ..techniques import allocator, unmet_requirements
@@ -37,6 +38,7 @@ class LadderSpec:
     rung_timeout: float | None = None
     extra_rungs: list[tuple[str, Recipe]] = field(default_factory=list)
     nproc: int = 1  # processes per rung, launched through torchrun
+    start_at: str | None = None  # run the first rung (the parity base), then from this rung on
 
 
 def append_row(path: Path, row: dict) -> None:
@@ -131,6 +133,18 @@ def _plan(spec: LadderSpec):
     wl = load_workload(spec.workload, spec.size, seed=spec.base.seed, data=spec.data,
                        **spec.options)
     plan = [(r, rec) for r, rec in build_ladder(wl, spec.rungs, spec.base)]
+    if spec.start_at:
+        names = [r.name for r, _ in plan]
+        if spec.start_at not in names:
+            raise FasttrainError(f"--from {spec.start_at!r} is not a rung of this ladder: use "
+                                 f"{', '.join(names)}")
+        i = names.index(spec.start_at)
+        if i > 1:  # recipes stay cumulative; the skipped rungs just do not run
+            first, rec = plan[i]
+            if first.parity == "previous":
+                first = replace(first, parity="none", parity_note="the rung before it did "
+                                "not run (--from)")
+            plan = [plan[0], (first, rec), *plan[i + 1:]]
     plan += [(Rung(name, {}, "user recipe"), rec) for name, rec in spec.extra_rungs]
     if spec.device.startswith("cuda") and any(rec.cuda_graphs for _, rec in plan):
         spec.warmup = max(spec.warmup, 4)  # 3 eager steps + capture; same for every rung
