@@ -133,6 +133,7 @@ def test_fit_answer_survives_the_full_step_in_a_fresh_process():
                    max_batch=64)
     ans = fit(spec, on_trial=trials.append)
     assert ans["verified"] and ans["passed"] and ans["eval_and_save"]
+    assert ans["eval_and_save_step_s"] > 0  # timed apart from the training steps
     assert ans["batch"] == max(t["batch"] for t in trials if t["passed"])
     assert all(not t["passed"] for t in trials if t["batch"] > ans["batch"])
 

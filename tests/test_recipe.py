@@ -52,3 +52,18 @@ def test_toml_errors(tmp_path):
     wrong.write_text("[recipe]\nprecision = 'int3'\n")
     with pytest.raises(FasttrainError, match="precision"):
         load_toml(wrong)
+
+
+def test_describe_error_names_the_first_exception_of_a_chain():
+    from fasttrain.errors import describe_error
+
+    try:
+        try:
+            raise RuntimeError("Cannot copy between CPU and CUDA tensors during capture\nmore")
+        except RuntimeError:
+            raise ValueError("operation failed due to a previous error during capture")
+    except ValueError as err:
+        line = describe_error(err)
+    assert line == ("ValueError: operation failed due to a previous error during capture "
+                    "(first: RuntimeError: Cannot copy between CPU and CUDA tensors during capture)")
+    assert describe_error(KeyError()) == "KeyError"

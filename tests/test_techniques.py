@@ -149,3 +149,38 @@ def test_every_technique_on_every_tiny_workload(workload, name):
     res = train(wl, recipe, steps=2, warmup=0)
     assert all(torch.isfinite(torch.tensor(res.losses)))
     assert res.step_time_s > 0 and res.model_flops and res.model_flops > 0
+
+
+@pytest.mark.parametrize("workload", sorted(REGISTRY))
+def test_the_graphed_step_body_makes_no_host_tensors_or_syncs(workload):
+    """What a CUDA graph capture forbids, seen on the CPU: a tensor built from host data (a
+    host-to-device copy on CUDA), ``.item()``-style syncs, data-dependent shapes."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fasttrain.run.data import to_device
+
+    class Forbidden(TorchDispatchMode):
+        ops = {"lift_fresh", "lift_fresh_copy", "_local_scalar_dense", "nonzero",
+               "masked_select", "is_nonzero", "equal"}
+
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in self.ops:
+                self.seen[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    wl = load_workload(workload, "tiny")
+    state, data, _ = prepare(wl, Recipe(precision="bf16-mixed", ema="none"), torch.device("cpu"))
+    batch = to_device(wl.collate([data[i] for i in range(state.micro_batch)]),
+                      torch.device("cpu"), False)
+    mode = Forbidden()
+    with mode, state.step_context():
+        loss = wl.loss(state.model, batch)
+    with mode:
+        loss.backward()
+    assert not mode.seen, dict(mode.seen)

@@ -22,7 +22,7 @@ def write_atomic(path: Path, text: str) -> None:
 def run_spec(spec: dict) -> dict:
     import torch
 
-    from ..errors import FasttrainError
+    from ..errors import FasttrainError, describe_error
     from ..recipe import Recipe
     from ..run.loop import train
     from ..workloads import load_workload
@@ -41,7 +41,7 @@ def run_spec(spec: dict) -> dict:
         row["error"] = str(err)
     except Exception as err:  # a crashed rung is a row, not an abort of the ladder
         traceback.print_exc()
-        row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
+        row["error"] = describe_error(err, 300)
     return row
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import resource
+import statistics
 import sys
 import tempfile
 import traceback
@@ -67,7 +68,7 @@ class _EvalSave(Observer):
 def run_trial(spec: dict) -> dict:
     import torch
 
-    from ..errors import FasttrainError
+    from ..errors import FasttrainError, describe_error
     from ..recipe import Recipe
     from ..run.loop import train
     from ..workloads import load_workload
@@ -82,12 +83,15 @@ def run_trial(spec: dict) -> dict:
         wl = load_workload(spec["workload"], spec["size"], data=spec.get("data"),
                            **spec.get("options", {}))
         recipe = Recipe().replace(**spec["recipe"])
-        obs = _EvalSave(last=spec["warmup"] + spec["steps"] - 1)
-        res = train(wl, recipe, steps=spec["steps"], warmup=spec["warmup"], device=device,
+        # One extra step carries the eval and the save; the step time is the median of the
+        # others, so the throughput a trial reports is the training step's alone.
+        obs = _EvalSave(last=spec["warmup"] + spec["steps"])
+        res = train(wl, recipe, steps=spec["steps"] + 1, warmup=spec["warmup"], device=device,
                     observers=(obs,))
-        row.update(step_time_s=res.step_time_s, throughput=res.throughput,
+        step = statistics.median(res.step_times_s[:-1])
+        row.update(step_time_s=step, throughput=res.throughput * res.step_time_s / step,
                    throughput_unit=res.throughput_unit, losses=res.losses,
-                   eval_and_save=obs.done)
+                   eval_and_save=obs.done, eval_and_save_step_s=res.step_times_s[-1])
         if device.startswith("cuda"):
             row.update(peak_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
                        peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB)
@@ -97,7 +101,7 @@ def run_trial(spec: dict) -> dict:
         row["error"] = str(err)
     except Exception as err:  # any failure is the trial's answer, not a crash of the search
         traceback.print_exc()
-        row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        row["error"] = describe_error(err, 200)
     row["peak_rss_gib"] = _peak_rss_gib()
     return row
 

@@ -47,7 +47,9 @@ class GraphedStep:
         if self.graph is None:
             self.optimizer.zero_grad(set_to_none=True)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            # thread_local: the DataLoader's pin-memory thread keeps querying CUDA events while
+            # the main thread captures; in the default (global) mode that invalidates the capture.
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.static_loss = self.core(self.static)
         self.graph.replay()
         return self.static_loss.clone()

@@ -145,11 +145,13 @@ def classification_images(folder: str | Path | None, image: int, classes: int, t
 
 def normalize_images(images: torch.Tensor, dtype: torch.dtype,
                      channels_last: bool = False) -> torch.Tensor:
-    """uint8 (B, H, W, 3) → normalised float (B, 3, H, W) on the images' device."""
-    mean = torch.tensor(IMAGENET_MEAN, device=images.device, dtype=dtype).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=images.device, dtype=dtype).view(1, 3, 1, 1)
-    x = images.permute(0, 3, 1, 2).to(dtype).div_(255.0)
-    x = (x - mean) / std
+    """uint8 (B, H, W, 3) → normalised float (B, 3, H, W) on the images' device.
+
+    Per-channel scale and shift are Python scalars, not tensors made from host data: a tensor
+    built from a list is a host-to-device copy, which a CUDA graph capture forbids."""
+    x = images.permute(0, 3, 1, 2).to(dtype)
+    x = torch.stack([x[:, c] * (1.0 / (255.0 * s)) - m / s
+                     for c, (m, s) in enumerate(zip(IMAGENET_MEAN, IMAGENET_STD))], dim=1)
     return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
