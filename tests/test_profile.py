@@ -157,3 +157,30 @@ def test_cli_profile_suggests_a_recipe_that_the_ladder_measures(tmp_path):
     assert lad.returncode == 0, lad.stderr[-2000:]
     rows = [json.loads(x) for f in tmp_path.glob("ladder-*.jsonl") for x in f.read_text().splitlines()]
     assert [r["rung"] for r in rows] == ["fp32", "suggested"] and rows[1]["parity"]["passed"]
+
+
+def test_kernel_view_leaves_out_annotation_spans_and_counts_optimizer_spans(tmp_path):
+    """A saved trace: annotations mirrored on the GPU are spans, not kernels; a plain
+    elementwise kernel inside ``Optimizer.step`` is optimizer work (for-loop AdamW)."""
+    import gzip
+
+    from fasttrain.profile.kernels import summary_from_trace
+
+    def x(cat, name, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    events = [x("gpu_user_annotation", "phase:forward", 0, 100),
+              x("kernel", "sm90_xmma_gemm_bf16", 0, 40),
+              x("kernel", "vectorized_elementwise_kernel<add>", 50, 10),
+              x("gpu_user_annotation", "Optimizer.step#AdamW.step", 100, 50),
+              x("kernel", "vectorized_elementwise_kernel<mul>", 110, 20),
+              x("cpu_op", "aten::mm", 0, 500), x("gpu_memcpy", "Memcpy HtoD", 140, 10)]
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    view = summary_from_trace(path, active_steps=1)
+    assert view["kernels"] == 4  # copies stay copies, inside the optimizer span too
+    assert view["gpu_ms_per_step"] == {"gemm": 0.04, "optimizer": 0.02, "elementwise": 0.01,
+                                       "memcpy": 0.01}
+    assert view["idle_fraction"] == pytest.approx(1 - 80 / 150)
+    assert all(not name.startswith(("phase:", "Optimizer")) for name, _ in view["top_kernels"])

@@ -6,6 +6,7 @@ real loop; the phase timer adds ``phase:…`` record_function labels and the mod
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import os
 import re
@@ -53,31 +54,83 @@ def _union_length(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def kernel_summary(events, active_steps: int) -> dict:
-    """GPU time by category (µs → ms), launches per step, busy/idle over the window."""
+def _in_spans(spans: list[tuple[float, float]]):
+    """A test ``t -> bool``: does ``t`` fall inside one of the (merged) spans?"""
+    merged: list[list[float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    starts = [a for a, _ in merged]
+    return lambda t: (i := bisect.bisect_right(starts, t) - 1) >= 0 and t < merged[i][1]
+
+
+def _is_optimizer_span(name: str) -> bool:
+    return name.startswith("Optimizer.step") or name == "phase:optimizer"
+
+
+def _summary(kernels: list[tuple[str, float, float]], annotations: list[tuple[str, float, float]],
+             active_steps: int) -> dict:
+    """(name, start µs, duration µs) of each GPU kernel/copy, and of each annotation span on the
+    GPU timeline → the kernel view. A compute kernel inside an optimizer span counts as optimizer
+    work whatever its name: a for-loop AdamW is thousands of plain elementwise kernels."""
+    n = max(active_steps, 1)
+    in_optimizer = _in_spans([(a, a + d) for name, a, d in annotations if _is_optimizer_span(name)])
     by_cat: dict[str, float] = defaultdict(float)
     top: Counter = Counter()
     spans = []
-    for evt in events:
-        if evt.device_type != torch.autograd.DeviceType.CUDA or evt.time_range.elapsed_us() <= 0:
-            continue
-        us = evt.time_range.elapsed_us()
-        by_cat[categorize(evt.name)] += us
-        top[evt.name] += us
-        spans.append((evt.time_range.start, evt.time_range.end))
+    for name, start, us in kernels:
+        cat = categorize(name)
+        if cat not in ("memcpy", "communication") and in_optimizer(start):
+            cat = "optimizer"
+        by_cat[cat] += us
+        top[name] += us
+        spans.append((start, start + us))
     if not spans:
         return {"kernels": 0}
     window = max(b for _, b in spans) - min(a for a, _ in spans)
     busy = _union_length(spans)
     total = sum(by_cat.values())
     return {
-        "kernels": len(spans), "launches_per_step": len(spans) / max(active_steps, 1),
-        "gpu_ms_per_step": {k: v / 1e3 / max(active_steps, 1) for k, v in
+        "kernels": len(spans), "launches_per_step": len(spans) / n,
+        "gpu_ms_per_step": {k: v / 1e3 / n for k, v in
                             sorted(by_cat.items(), key=lambda kv: -kv[1])},
         "share": {k: v / total for k, v in by_cat.items()},
         "idle_fraction": 1.0 - busy / window if window > 0 else 0.0,
-        "top_kernels": [(n[:120], us / 1e3 / max(active_steps, 1)) for n, us in top.most_common(8)],
+        "top_kernels": [(name[:120], us / 1e3 / n) for name, us in top.most_common(8)],
     }
+
+
+def kernel_summary(events, active_steps: int) -> dict:
+    """GPU time by category (µs → ms), launches per step, busy/idle over the window. The
+    ``record_function`` ranges that the profiler mirrors onto the GPU timeline (user
+    annotations: phases, modules, ``Optimizer.step``) are spans, not kernels: left out."""
+    kernels, annotations = [], []
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.time_range.elapsed_us() <= 0:
+            continue
+        span = (e.name, e.time_range.start, e.time_range.elapsed_us())
+        (annotations if getattr(e, "is_user_annotation", False) else kernels).append(span)
+    return _summary(kernels, annotations, active_steps)
+
+
+GPU_WORK = {"kernel", "gpu_memcpy", "gpu_memset"}  # trace categories of real GPU work
+
+
+def summary_from_trace(path: str | Path, active_steps: int) -> dict:
+    """The kernel view of a saved Chrome trace (``.json`` or ``.json.gz``), e.g. to re-read a
+    committed trace: ``python -m fasttrain.profile.kernels TRACE --steps N``."""
+    import json
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        trace = json.load(f)
+    events = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    spans = [(e.get("cat"), (e.get("name", ""), float(e["ts"]), float(e["dur"])))
+             for e in events if e.get("ph") == "X" and float(e.get("dur", 0)) > 0]
+    return _summary([s for cat, s in spans if cat in GPU_WORK],
+                    [s for cat, s in spans if cat == "gpu_user_annotation"], active_steps)
 
 
 class KernelProfiler(Observer):
@@ -130,3 +183,20 @@ class KernelProfiler(Observer):
         else:
             out["note"] = "no GPU kernels on CPU; phases and memory only"
         return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m fasttrain.profile.kernels",
+                                 description="the kernel view of a saved trace")
+    ap.add_argument("trace")
+    ap.add_argument("--steps", type=int, required=True, help="steps in the profiled window")
+    args = ap.parse_args(argv)
+    print(json.dumps(summary_from_trace(args.trace, args.steps), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
