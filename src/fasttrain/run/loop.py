@@ -206,6 +206,9 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
     probe_batch = to_device(workload.collate(
         [dataset[i % len(dataset)] for i in range(state.micro_batch)]), device, False)
     flops, line = _probe(state, probe_batch, workload.count(probe_batch))
+    del probe_batch
+    if device.type == "cuda":  # the probe ran before checkpointing and compile: hand its
+        torch.cuda.empty_cache()  # cached blocks back, or they stay in the run's reserved peak
     state.applied["attention"] = f"{state.applied.get('attention', '')}; {line}".lstrip("; ")
     apply_all(state, after=attn.TECHNIQUE.phase)  # compile, optimizer, EMA, loader, graphs
     return state, dataset, (flops * recipe.accumulation * world if flops else None)
