@@ -18,6 +18,7 @@ def test_defaults_are_the_fp32_baseline():
     ({"cuda_graphs": True, "accumulation": 2, "batch": 8}, "accumulation=1"),
     ({"nonsense": 1}, "unknown switch 'nonsense'"),
     ({"workers": "many"}, "workers expects int"),
+    ({"pad_multiple": -1}, "pad_multiple must be >= 0"),
 ])
 def test_bad_recipes_are_one_line_errors(changes, needle):
     with pytest.raises(FasttrainError) as err:

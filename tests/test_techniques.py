@@ -135,6 +135,7 @@ SMOKE = {
     "init-host": Recipe(init="host"),
     "sgd-cosine": Recipe(optimizer="sgd", schedule="cosine"),
     "master-weights": Recipe(precision="bf16-true", master_weights=True),
+    "padding": Recipe(pad_multiple=8),
 }
 
 
@@ -184,3 +185,36 @@ def test_the_graphed_step_body_makes_no_host_tensors_or_syncs(workload):
     with mode:
         loss.backward()
     assert not mode.seen, dict(mode.seen)
+
+
+def test_pad_collate_pads_to_the_longest_or_a_multiple():
+    from fasttrain.workloads.data import pad_collate
+
+    items = [{"ids": torch.arange(1, 4), "y": torch.tensor(1)},
+             {"ids": torch.arange(1, 6), "y": torch.tensor(2)}]
+    b = pad_collate(items, {"ids": -100})
+    assert b["ids"].tolist() == [[1, 2, 3, -100, -100], [1, 2, 3, 4, 5]] and b["y"].tolist() == [1, 2]
+    assert pad_collate(items, {"ids": 0}, multiple=4)["ids"].shape == (2, 8)
+
+
+def test_padding_keeps_the_loss_and_leaves_one_compiled_shape():
+    """Variable-length llama batches: padded to the longest item of each batch every batch is a
+    new shape (a compiled graph each); padded to a multiple of the window, one graph. Padded
+    positions are ignored labels after every real token: the losses do not change."""
+    wl = load_workload("llama", "tiny", varlen=True)
+    lengths = {wl.dataset().length(i) for i in range(16)}
+    assert len(lengths) > 4 and not wl.constant_count
+    runs = {}
+    for multiple in (0, wl.cfg.seq):
+        torch._dynamo.reset()
+        recipe = Recipe(pad_multiple=multiple, compile="model", compile_backend="aot_eager")
+        runs[multiple] = train(wl, recipe, steps=4, warmup=1, device="cpu")
+    loose, padded = runs[0], runs[wl.cfg.seq]
+    assert loose.compile["unique_graphs"] > 1 and padded.compile["unique_graphs"] == 1
+    assert padded.losses == pytest.approx(loose.losses, rel=1e-5)
+    assert "padded to a multiple of 64" in padded.applied["padding"]
+
+
+def test_padding_on_fixed_length_batches_says_it_does_nothing():
+    res = train(load_workload("vit", "tiny"), Recipe(pad_multiple=8), steps=1, warmup=0)
+    assert any("pad_multiple ignored" in w for w in res.warnings)

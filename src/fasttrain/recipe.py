@@ -66,6 +66,9 @@ class Recipe:
     """Batches each worker prepares ahead."""
     device_prefetch: bool = False
     """Copy the next step's batch to the GPU on a side stream while this step computes."""
+    pad_multiple: int = 0
+    """Variable-length batches: pad the sequence length up to a multiple of N (0: to the batch's
+    longest item), so lengths take at most max/N shapes: fewer recompiles, less allocator churn."""
     compile: str = "none"
     """torch.compile: none | model (whole model) | regional (each repeated block; faster warm-up)."""
     compile_mode: str = "default"
@@ -169,6 +172,8 @@ def validate(r: Recipe) -> None:
         raise FasttrainError("recipe: lr must be >= 0, grad_clip >= 0 and 0 <= ema_decay < 1")
     if r.prefetch_factor < 1:
         raise FasttrainError("recipe: prefetch_factor must be >= 1")
+    if r.pad_multiple < 0:
+        raise FasttrainError("recipe: pad_multiple must be >= 0 (0 pads to the longest item)")
     if r.cuda_graphs and r.precision == "fp16-mixed":
         raise FasttrainError("recipe: cuda_graphs cannot capture fp16-mixed (GradScaler syncs "
                              "with the host); use bf16-mixed")

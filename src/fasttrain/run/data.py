@@ -63,7 +63,7 @@ class EndlessSampler(Sampler[int]):
 
 def make_loader(workload: Workload, micro_batch: int, seed: int, dataset: Dataset | None = None,
                 rank: int = 0, world: int = 1, global_batch: int = 0, start_step: int = 0,
-                **loader_kwargs) -> DataLoader:
+                collate=None, **loader_kwargs) -> DataLoader:
     ds = workload.dataset() if dataset is None else dataset
     if len(ds) == 0:
         raise ValueError("the data set is empty")
@@ -72,7 +72,7 @@ def make_loader(workload: Workload, micro_batch: int, seed: int, dataset: Datase
     gb = global_batch or micro_batch
     sampler = EndlessSampler(len(ds), seed, rank, world, global_batch=gb, start=start_step * gb)
     return DataLoader(EpochIndexed(ds), batch_size=micro_batch, sampler=sampler,
-                      drop_last=True, collate_fn=workload.collate, **loader_kwargs)
+                      drop_last=True, collate_fn=collate or workload.collate, **loader_kwargs)
 
 
 def to_device(batch: Batch, device: torch.device, non_blocking: bool) -> Batch:

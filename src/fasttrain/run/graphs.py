@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import FasttrainError
 from ..workloads.base import Batch
 
 
@@ -32,6 +33,11 @@ class GraphedStep:
             self.static = {k: v.clone() for k, v in batch.items()}
             return
         for k, v in batch.items():
+            if v.shape != self.static[k].shape:
+                raise FasttrainError(
+                    f"cuda_graphs replays one batch shape: {k} is {tuple(v.shape)}, the captured "
+                    f"one {tuple(self.static[k].shape)}; pad variable-length batches to one "
+                    "length (pad_multiple = the longest item)")
             self.static[k].copy_(v, non_blocking=True)
 
     def __call__(self, batch: Batch) -> torch.Tensor:

@@ -276,7 +276,7 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
     d = dist_env.current()
     loader = make_loader(wl, state.micro_batch, r.seed, dataset=dataset, rank=d.rank,
                          world=d.world, global_batch=state.micro_batch * r.accumulation * d.world,
-                         start_step=start_step, **state.loader_kwargs)
+                         start_step=start_step, collate=state.collate, **state.loader_kwargs)
     it = (DevicePrefetcher(iter(loader), dev, r.accumulation) if state.device_prefetch
           else HostBatches(iter(loader), dev, r.accumulation, state.non_blocking))
     timer = PhaseTimer(dev, labels=any(o.labels for o in observers))

@@ -15,6 +15,7 @@ Order and why:
   optimizer      after precision (bf16-true state is bf16) and on the final parameters.
   ema            after the optimizer, on the same parameters.
   dataloader     independent of the model; recorded with the rest.
+  padding        the loader's collate: variable-length batches padded to a multiple of N.
   cuda_graphs    last: it captures whatever the phases above produced.
   accumulation   consumed by the loop.
 """
@@ -26,7 +27,7 @@ from ..recipe import Recipe
 from .base import Technique, TrainState
 
 _MODULES = ("init", "allocator", "channels_last", "precision", "attention", "checkpointing",
-            "compile", "sharding", "optimizer", "ema", "dataloader", "cuda_graphs",
+            "compile", "sharding", "optimizer", "ema", "dataloader", "padding", "cuda_graphs",
             "accumulation")
 
 

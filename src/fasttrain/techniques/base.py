@@ -46,6 +46,7 @@ class TrainState:
     scaler: Any = None  # torch.amp.GradScaler for fp16-mixed
     ema: Any = None  # techniques.ema.Ema
     loader_kwargs: dict[str, Any] = field(default_factory=dict)
+    collate: Callable[[list], Any] | None = None  # replaces the workload's collate (padding)
     non_blocking: bool = False
     device_prefetch: bool = False  # copy the next batch on a side stream during this step
     autocast_cache: bool = True  # CUDA graph capture needs the autocast cache off

@@ -9,7 +9,8 @@ batch exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -34,6 +35,9 @@ class Workload:
     # the loop counts once instead of syncing every step. SimpleWorkload counts every step.
     constant_count: bool = True
     compile_scope: str = "model"  # what the ladder's compile rung compiles: model | regional
+    # Fields whose length varies between items, with their pad values (e.g. token ids 0, labels
+    # -100): such batches are padded on the right (see the pad_multiple switch).
+    pad_fields: Mapping[str, int] = MappingProxyType({})
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError
@@ -42,6 +46,10 @@ class Workload:
         raise NotImplementedError
 
     def collate(self, items: list[Batch]) -> Batch:
+        if self.pad_fields:
+            from .data import pad_collate
+
+            return pad_collate(items, dict(self.pad_fields))
         return default_collate(items)
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:

@@ -190,3 +190,40 @@ class TokenWindows(Dataset):
         start = index * self.seq_len
         chunk = torch.from_numpy(self.tokens[start:start + self.seq_len + 1].astype(np.int64))
         return {"input_ids": chunk[:-1], "labels": chunk[1:]}
+
+
+def pad_collate(items: list[dict[str, torch.Tensor]], fields: dict[str, int],
+                multiple: int = 0) -> dict[str, torch.Tensor]:
+    """Stack items whose ``fields`` (1-D, last dim the sequence) vary in length: pad on the right
+    with each field's pad value to the longest item, rounded up to a multiple of ``multiple``."""
+    longest = max(int(it[k].shape[-1]) for it in items for k in fields)
+    if multiple > 1:
+        longest = -(-longest // multiple) * multiple
+    out = {}
+    for key in items[0]:
+        if key in fields:
+            out[key] = torch.stack([torch.nn.functional.pad(it[key], (0, longest - it[key].shape[-1]),
+                                                            value=fields[key]) for it in items])
+        else:
+            out[key] = torch.stack([it[key] for it in items])
+    return out
+
+
+class VariableWindows(Dataset):
+    """Windows of another token data set cut to a length drawn per index (deterministic from the
+    seed): documents of varying length, as in real pre-training or fine-tuning data."""
+
+    def __init__(self, base: TokenWindows, min_len: int, seed: int = 0):
+        self.base, self.seed = base, seed
+        self.min_len = max(1, min(min_len, base.seq_len))
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def length(self, index: int) -> int:
+        rng = np.random.default_rng((self.seed, 7, index))
+        return int(rng.integers(self.min_len, self.base.seq_len + 1))
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        n = self.length(index)
+        return {k: v[:n] for k, v in self.base[index].items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from torch import nn
 from ..layers.attention import attention
 from ..layers.mlp import SwiGLU
 from .base import Batch, Workload
-from .data import TokenWindows, cache_root, write_token_file
+from .data import TokenWindows, VariableWindows, cache_root, write_token_file
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class LlamaWorkload(Workload):
     name, unit = "llama", "tok"
 
     def __init__(self, size: str, seed: int, data: str | None, seq_len: int | None,
-                 token_dtype: str):
+                 token_dtype: str, varlen: bool = False):
         if token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"token_dtype must be 'uint32' or 'uint16', not {token_dtype!r}")
         cfg = CONFIGS[size]
@@ -189,23 +190,29 @@ class LlamaWorkload(Workload):
         self.size, self.seed, self.data_path, self.cfg = size, seed, data, cfg
         self.token_dtype = TOKEN_DTYPES[token_dtype]
         self.default_batch = {"tiny": 4, "base": 4, "large": 2}[size]
+        self.varlen = bool(varlen)
+        if self.varlen:  # documents of 1/8 to all of seq_len tokens, padded per batch
+            self.pad_fields = MappingProxyType({"input_ids": 0, "labels": -100})
+            self.constant_count = False
 
     def build_model(self) -> nn.Module:
         return Llama(self.cfg)
 
-    def dataset(self) -> TokenWindows:
+    def dataset(self) -> TokenWindows | VariableWindows:
         cfg = self.cfg
         if self.data_path is not None:
-            return TokenFile(self.data_path, cfg.seq, cfg.vocab, self.seed, self.token_dtype)
-        count = 256 * (cfg.seq + 1)  # 256 windows
-        path = write_token_file(cache_root() / f"tokens-{count}-v{cfg.vocab}.u32", count,
-                                cfg.vocab, seed=1234)
-        return TokenWindows(path, cfg.seq, seed=self.seed)
+            windows = TokenFile(self.data_path, cfg.seq, cfg.vocab, self.seed, self.token_dtype)
+        else:
+            count = 256 * (cfg.seq + 1)  # 256 windows
+            path = write_token_file(cache_root() / f"tokens-{count}-v{cfg.vocab}.u32", count,
+                                    cfg.vocab, seed=1234)
+            windows = TokenWindows(path, cfg.seq, seed=self.seed)
+        return VariableWindows(windows, cfg.seq // 8, self.seed) if self.varlen else windows
 
     def count(self, batch: Batch) -> int:
         return int((batch["labels"] != -100).sum())
 
 
 def make(size: str = "tiny", seed: int = 0, data: str | None = None, seq_len: int | None = None,
-         token_dtype: str = "uint32") -> LlamaWorkload:
-    return LlamaWorkload(size, seed, data, seq_len, token_dtype)
+         token_dtype: str = "uint32", varlen: bool = False) -> LlamaWorkload:
+    return LlamaWorkload(size, seed, data, seq_len, token_dtype, varlen)
