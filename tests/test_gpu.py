@@ -90,3 +90,55 @@ def test_memory_growth_rule_catches_a_leak_on_cuda():
     p = run_profile(leaky_workload(), Recipe(), "cuda", steps=4, warmup=1, active=1)
     assert p["memory"]["growth_mib_per_step"] > 10
     assert "memory_growth" in {f["rule"] for f in p["findings"]}
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_triton_norms_compiled_on_cuda_match_the_reference(op):
+    """The compiled Triton path (the CPU tests run the interpreter): bf16, odd width,
+    torch.compile fullgraph with inductor, outputs and all gradients."""
+    from fasttrain.kernels import norms
+
+    torch.manual_seed(0)
+    x, r = (torch.randn(300, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
+    w = torch.rand(1000, device="cuda", requires_grad=True)
+    b = torch.randn(1000, device="cuda", requires_grad=True)
+
+    def block(f):
+        def run(x, r, w, b):
+            y, h = f(x, w, 1e-6, residual=r) if op == "rms_norm" else f(x, w, b, 1e-6, residual=r)
+            return (y.float() * 1.5).sum() + h.float().sum()
+        return run
+
+    results = []
+    for fn in (torch.compile(block(getattr(norms, op)), fullgraph=True),
+               block(getattr(norms, f"{op}_reference"))):
+        for t in (x, r, w, b):
+            t.grad = None
+        out = fn(x, r, w, b)
+        out.backward()
+        results.append([out.detach().float()] + [t.grad.float() for t in (x, r, w)] +
+                       ([b.grad] if op == "layer_norm" else []))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_fused_linear_cross_entropy_on_cuda_matches_the_reference():
+    from fasttrain.kernels.linear_cross_entropy import (linear_cross_entropy,
+                                                        linear_cross_entropy_reference)
+
+    torch.manual_seed(0)
+    h = torch.randn(3000, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(32000, 256, device="cuda") * 0.02).requires_grad_()
+    y = torch.randint(0, 32000, (3000,), device="cuda")
+    y[:100] = -100
+    results = []
+    for f in (lambda: linear_cross_entropy(h, w, y, chunk=1024),
+              lambda: linear_cross_entropy_reference(h, w, y)):
+        h.grad = w.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = f()
+        loss.backward()
+        results.append([loss.detach(), h.grad.float(), w.grad])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-3)

@@ -136,6 +136,7 @@ SMOKE = {
     "sgd-cosine": Recipe(optimizer="sgd", schedule="cosine"),
     "master-weights": Recipe(precision="bf16-true", master_weights=True),
     "padding": Recipe(pad_multiple=8),
+    "kernels": Recipe(kernels="fused"),
 }
 
 
@@ -218,3 +219,13 @@ def test_padding_keeps_the_loss_and_leaves_one_compiled_shape():
 def test_padding_on_fixed_length_batches_says_it_does_nothing():
     res = train(load_workload("vit", "tiny"), Recipe(pad_multiple=8), steps=1, warmup=0)
     assert any("pad_multiple ignored" in w for w in res.warnings)
+
+
+def test_fused_kernels_keep_the_llama_losses_and_say_what_they_fused():
+    wl = load_workload("llama", "tiny")
+    plain = train(wl, Recipe(), steps=3, warmup=0, device="cpu")
+    fused = train(wl, Recipe(kernels="fused"), steps=3, warmup=0, device="cpu")
+    assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
+    assert "linear + cross-entropy in chunks" in fused.applied["kernels"]
+    vit = train(load_workload("vit", "tiny"), Recipe(kernels="fused"), steps=1, warmup=0)
+    assert any("changes nothing" in w for w in vit.warnings)

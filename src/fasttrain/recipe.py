@@ -24,6 +24,7 @@ SHARDING = ("auto", "none", "ddp", "zero1", "zero2", "zero3")
 INIT = ("device", "host")
 ALLOCATOR = ("default", "expandable")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
+KERNELS = ("none", "fused")
 EMA_MODES = ("auto", "none", "per-tensor", "foreach", "side-stream")
 COMPILE = ("none", "model", "regional")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
@@ -99,6 +100,8 @@ class Recipe:
     init: str = "device"
     """device: weights created on the target device in the target dtype | host: on the CPU in
     fp32, then moved and cast (the usual default, with its extra copies)."""
+    kernels: str = "none"
+    """fasttrain's fused kernels where a model has a fused path: none | fused."""
     allocator: str = "default"
     """CUDA caching allocator: default | expandable (expandable_segments; set before CUDA starts)."""
     accumulation: int = 1
@@ -131,6 +134,7 @@ def validate(r: Recipe) -> None:
     """One-line errors for values and combinations that cannot work."""
     _choice("precision", r.precision, PRECISIONS)
     _choice("attention", r.attention, ATTENTION)
+    _choice("kernels", r.kernels, KERNELS)
     _choice("optimizer", r.optimizer, OPTIMIZERS)
     _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
     _choice("schedule", r.schedule, SCHEDULES)

@@ -6,6 +6,7 @@ Order and why:
   channels_last  before precision and compile: compile specialises on the memory format.
   precision      before compile: bf16-true changes parameter dtypes that compile guards on.
   attention      a per-step context; before compile so the traced graph sees the backend.
+  kernels        fused layer paths: after the FLOP probe, before compile (which traces them).
   checkpointing  wraps block forwards after the FLOP probe (recompute is not model FLOPs) and
                  before compile, which must trace the checkpointed forward.
   compile        after all module surgery, before the optimizer: the optimizer must hold the
@@ -26,9 +27,9 @@ import importlib
 from ..recipe import Recipe
 from .base import Technique, TrainState
 
-_MODULES = ("init", "allocator", "channels_last", "precision", "attention", "checkpointing",
-            "compile", "sharding", "optimizer", "ema", "dataloader", "padding", "cuda_graphs",
-            "accumulation")
+_MODULES = ("init", "allocator", "channels_last", "precision", "attention", "kernels",
+            "checkpointing", "compile", "sharding", "optimizer", "ema", "dataloader", "padding",
+            "cuda_graphs", "accumulation")
 
 
 def registry() -> list[Technique]:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import attention
+from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from .base import Batch, Workload
 from .data import TokenWindows, VariableWindows, cache_root, write_token_file
@@ -141,13 +142,14 @@ class Llama(nn.Module):
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False, device="meta")
         self.lm_head.weight = self.embed_tokens.weight  # tied, as Llama 3.2
+        self.head_loss = LMHeadLoss(self.lm_head)  # the kernels switch fuses it
         cos, sin = rope_tables(cfg)  # on the build device
         self.register_buffer("rope_cos", cos, persistent=False)  # (T, D) float32
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(_init_weights)
 
-    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids → (B, T, vocab) next-token logits in the compute dtype."""
+    def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids → (B, T, C) final hidden states (after the last norm)."""
         T = input_ids.shape[1]
         if T > self.rope_cos.shape[0]:
             raise ValueError(f"sequence of {T} tokens is longer than the model's {self.cfg.seq}")
@@ -155,12 +157,14 @@ class Llama(nn.Module):
         x = self.embed_tokens(input_ids)  # (B, T, C)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        return self.norm(x)
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids → (B, T, vocab) next-token logits in the compute dtype."""
+        return self.lm_head(self.hidden(input_ids))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = self.logits(input_ids)
-        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(),
-                               reduction="sum", ignore_index=-100)
+        return self.head_loss(self.hidden(input_ids), labels)
 
 
 class TokenFile(TokenWindows):

@@ -1,0 +1,1 @@
+"""Hand-written Triton kernels (import a submodule, e.g. ``fasttrain.kernels.norms``)."""

@@ -1,0 +1,139 @@
+"""Fused residual add + RMSNorm / LayerNorm Triton kernels against plain-PyTorch references,
+run on CPU through the Triton interpreter: outputs and every gradient, bad input, and
+torch.compile without graph breaks (the compiled, not interpreted, path is a GPU test)."""
+import os
+import re
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET")
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or fasttrain.kernels load
+
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from fasttrain.kernels import norms  # noqa: E402
+from fasttrain.kernels.norms import (layer_norm, layer_norm_reference, rms_norm,  # noqa: E402
+                                     rms_norm_reference)
+
+# Triton reads the variable when @triton.jit runs (the import above) and while interpreted
+# kernels run (the fixture below). Outside them it is restored, so that the rest of the
+# session (Inductor's own Triton kernels on a GPU, say) is not interpreted.
+if _INTERPRET is None:
+    del os.environ["TRITON_INTERPRET"]
+if not norms._INTERPRETED:
+    pytest.skip("fasttrain.kernels.norms was imported before TRITON_INTERPRET=1 was set",
+                allow_module_level=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpret():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_INTERPRET", "1")
+        yield
+
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+SHAPES = [(3, 5, 49), (4, 768), (2, 1000)]
+OPS = {"rms": (rms_norm, rms_norm_reference), "layer": (layer_norm, layer_norm_reference)}
+
+
+def _inputs(op: str, shape, dtype, residual: bool, pdtype=torch.float32, bias: bool = True):
+    g = torch.Generator().manual_seed(0)
+    d = shape[-1]
+    args = {"x": torch.randn(shape, generator=g).to(dtype),
+            "weight": (1 + 0.1 * torch.randn(d, generator=g)).to(pdtype)}
+    if op == "layer":
+        args["bias"] = (0.1 * torch.randn(d, generator=g)).to(pdtype) if bias else None
+    if residual:
+        args["residual"] = torch.randn(shape, generator=g).to(dtype)
+    cotangents = [torch.randn(shape, generator=g).to(dtype) for _ in range(1 + residual)]
+    return args, cotangents
+
+
+def _run(fn, args, cotangents, upcast: bool):
+    """Outputs and the gradients of every tensor input, for ``sum(out * cotangent)``."""
+    cast = (lambda t: t.float()) if upcast else (lambda t: t)
+    leaves = {k: None if v is None else cast(v.detach()).clone().requires_grad_()
+              for k, v in args.items()}
+    out = fn(**leaves, eps=1e-5)
+    outs = out if isinstance(out, tuple) else (out,)
+    torch.autograd.backward(outs, [cast(c) for c in cotangents])
+    return outs, {k: v.grad for k, v in leaves.items() if v is not None}
+
+
+def _compare(op: str, args, cotangents):
+    fused, reference = OPS[op]
+    outs, grads = _run(fused, args, cotangents, upcast=False)
+    ref_outs, ref_grads = _run(reference, args, cotangents, upcast=True)
+    tol = TOL[args["x"].dtype]
+    for got, want in zip(outs, ref_outs, strict=True):
+        assert got.dtype == args["x"].dtype and got.shape == args["x"].shape
+        torch.testing.assert_close(got.float(), want, **tol)
+    assert grads.keys() == ref_grads.keys()
+    for name, got in grads.items():
+        assert got.dtype == args[name].dtype, name
+        torch.testing.assert_close(got.float(), ref_grads[name], **tol,
+                                   msg=lambda m: f"grad of {name}: {m}")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_matches_reference_outputs_and_all_gradients(op, residual, dtype, shape):
+    # bf16 activations with fp32 weight/bias: the autocast case, grads in the params' dtype
+    _compare(op, *_inputs(op, shape, dtype, residual))
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_low_precision_params_and_no_bias(op):
+    # bf16 weight (and bias) get bf16 gradients; LayerNorm also without bias
+    _compare(op, *_inputs(op, (2, 3, 33), torch.bfloat16, True, pdtype=torch.bfloat16))
+    if op == "layer":
+        _compare(op, *_inputs(op, (2, 33), torch.float32, True, bias=False))
+
+
+def test_non_contiguous_input_and_expanded_gradient():
+    x = torch.randn(40, 6).t().requires_grad_()  # (6, 40), not contiguous
+    w = torch.randn(40, requires_grad=True)
+    rms_norm(x, w, 1e-6).sum().backward()  # backward gets a stride-0 gradient
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    rms_norm_reference(x2, w2, 1e-6).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad, w2.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x: rms_norm(x, torch.ones(7), 1e-6), "weight shape (7,) does not match"),
+    (lambda x: layer_norm(x, torch.ones(8), torch.ones(3), 1e-5), "bias shape (3,)"),
+    (lambda x: rms_norm(x, torch.ones(8), 1e-6, torch.ones(4, 7)), "residual must match x"),
+    (lambda x: rms_norm(x.long(), torch.ones(8), 1e-6), "x must be float32"),
+], ids=["weight", "bias", "residual", "dtype"])
+def test_bad_input_is_a_one_line_value_error(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        call(torch.randn(4, 8))
+    assert "\n" not in str(err.value)
+
+
+def _block(x, r, w, b):
+    y, h = rms_norm(x, w, 1e-6, r)
+    y2, h2 = layer_norm(y * 2, w, b, 1e-5, residual=h)
+    return rms_norm(y2, w, 1e-6).sum() + (h2 * h2).sum()
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    # Under TRITON_INTERPRET=1 the ops are registered as opaque custom ops (see norms.py);
+    # the triton_op registration that compiled Triton uses is traced in the next test.
+    torch._dynamo.reset()
+    compiled = torch.compile(_block, backend="aot_eager", fullgraph=True)
+    leaves = [torch.randn(3, 40), torch.randn(3, 40), torch.randn(40), torch.randn(40)]
+    results = []
+    for fn in (compiled, _block):
+        args = [t.clone().requires_grad_() for t in leaves]
+        out = fn(*args)
+        out.backward()
+        results.append([out.detach(), *(a.grad for a in args)])
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
