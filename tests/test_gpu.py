@@ -140,5 +140,5 @@ def test_fused_linear_cross_entropy_on_cuda_matches_the_reference():
             loss = f()
         loss.backward()
         results.append([loss.detach(), h.grad.float(), w.grad])
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-3)
+    for got, want in zip(*results):  # both round their GEMM outputs to bf16, in other orders
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-2 * float(want.abs().max()))

@@ -17,18 +17,9 @@ class Rung:
     name: str
     changes: dict[str, Any]
     comment: str
-    when: str = "always"  # always | ema (keeps an EMA) | channels_last (conv-heavy) | kernels
+    when: str = "always"  # always | ema (workload keeps an EMA) | channels_last (conv-heavy)
     parity: str = "base"  # base: against the first rung | previous: the rung before | none
     parity_note: str = ""  # why a rung has no parity check
-
-
-def has_fused_layers(workload: Workload) -> bool:
-    """Does the model have a layer with a fused kernel path (built on the meta device)?"""
-    import torch
-
-    with torch.device("meta"):
-        model = workload.build_model()
-    return any(callable(getattr(m, "use_fused", None)) for m in model.modules())
 
 
 def default_workers() -> int:
@@ -54,8 +45,6 @@ def default_rungs(workload: Workload) -> list[Rung]:
         Rung("channels-last", {"channels_last": True}, "NHWC convolutions", when="channels_last"),
         Rung("compile", {"compile": scope}, f"torch.compile ({scope})"),
         Rung("cuda-graphs", {"cuda_graphs": True}, "whole-step CUDA graph"),
-        Rung("fused-kernels", {"kernels": "fused"}, "fasttrain's fused kernels (kernels/)",
-             when="kernels"),
     ]
 
 
@@ -87,8 +76,7 @@ RUNG_SETS = {"default": default_rungs, "memory": memory_rungs}
 def build_ladder(workload: Workload, names: list[str] | None, base: Recipe) -> list[tuple[Rung, Recipe]]:
     """(rung, cumulative recipe) pairs; ``names`` picks a subset in order (cumulative over it)."""
     wants = {"always": True, "ema": workload.has_ema,
-             "channels_last": getattr(workload, "prefers_channels_last", False),
-             "kernels": has_fused_layers(workload)}
+             "channels_last": getattr(workload, "prefers_channels_last", False)}
     rungs = [r for r in default_rungs(workload) if wants[r.when]]
     if names == ["none"]:  # only the peer
         return []
