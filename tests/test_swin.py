@@ -145,3 +145,25 @@ def test_regional_blocks_are_the_swin_blocks():
     blocks = wl.regional_blocks(wl.build_model())
     assert len(blocks) == sum(CONFIGS["tiny"].depths)
     assert all(isinstance(b, SwinBlock) for b in blocks)
+
+
+def test_attention_bias_reaches_sdpa_with_a_unit_last_stride(monkeypatch):
+    """The fused SDPA kernels take a mask whose last dim is contiguous; a permuted bias view
+    made every unshifted window block fall back to math attention on the H200."""
+    import torch.nn.functional as F
+
+    from fasttrain.workloads import load_workload
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append(attn_mask.stride(-1))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    wl = load_workload("swin", "tiny")
+    model = wl.build_model()
+    batch = wl.collate([wl.dataset()[i] for i in range(2)])
+    model(**batch)
+    assert seen and all(s == 1 for s in seen)

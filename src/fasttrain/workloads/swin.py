@@ -105,7 +105,9 @@ class WindowAttention(nn.Module):
     def position_bias(self) -> torch.Tensor:
         N = self.relative_position_index.shape[0]
         bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
-        return bias.view(N, N, self.heads).permute(2, 0, 1).unsqueeze(0)  # (1, heads, N, N)
+        # Contiguous: SDPA's fused kernels need the mask's last dim at stride 1; the permuted
+        # view (stride = heads) sent every unshifted block to the math kernel.
+        return bias.view(N, N, self.heads).permute(2, 0, 1).contiguous().unsqueeze(0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         Bw, N, C = x.shape  # (B·nW, N, C)
