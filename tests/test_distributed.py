@@ -90,7 +90,11 @@ def test_ladder_rungs_under_torchrun_and_the_scaling_report(tmp_path, monkeypatc
     from fasttrain.recipe import Recipe
 
     monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
-    rows = run_scaling("llama", "tiny", Recipe(), [1, 2], ["zero2"], 2, "cpu", steps=2, warmup=1)
-    assert [(r["world_size"], r["sharding"]) for r in rows] == [(1, "none"), (2, "zero2")]
+    rows = run_scaling("llama", "tiny", Recipe(), [1, 2], ["ddp", "zero2"], 2, "cpu", steps=2,
+                       warmup=1)
+    assert [(r["world_size"], r["sharding"]) for r in rows] == [(1, "none"), (2, "ddp"),
+                                                                  (2, "zero2")]
     assert rows[0]["efficiency"] == 1.0 and rows[1]["efficiency"] > 0
     assert rows[1]["total_throughput"] == pytest.approx(2 * rows[1]["throughput"])
+    assert "parity" not in rows[1]  # the world's reference
+    assert rows[2]["parity"]["passed"] and rows[2]["parity"]["against"] == "w2-ddp"

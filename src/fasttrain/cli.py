@@ -300,9 +300,13 @@ def cmd_scaling(args) -> int:
             return
         eff = f"{row['efficiency']:.0%}" if row.get("efficiency") else "–"
         mem = row.get("peak_allocated_gib")
+        par = row.get("parity")
+        check = "" if not par else (f", parity {'✓' if par['passed'] else '✗'} "
+                                    f"{par['max_rel_dev']:.1e} vs {par['against']}"
+                                    if par.get("max_rel_dev") is not None else ", parity ✗")
         console.print(f"  {row['rung']:>10}: {row['throughput']:,.1f} {row['throughput_unit']} "
                       f"per GPU, efficiency {eff}, peak/GPU "
-                      f"{'–' if mem is None else f'{mem:.2f} GiB'}")
+                      f"{'–' if mem is None else f'{mem:.2f} GiB'}{check}")
 
     run_scaling(args.workload, size, recipe, worlds, modes, per_gpu, device, args.steps,
                 args.warmup, out, show, args.rung_timeout)

@@ -2,7 +2,9 @@
 
 Each (world size, sharding) point is one rung in fresh processes under torchrun with the same
 per-GPU batch; efficiency = per-GPU throughput / the best single-process throughput at that
-per-GPU batch (DESIGN.md's ``scaling`` row), so sharding overhead counts against it.
+per-GPU batch (DESIGN.md's ``scaling`` row), so sharding overhead counts against it. At one
+world size every mode sees the same global batches, so each mode's losses are checked against the
+first mode's with the precision-aware parity tolerance.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Callable
 
 from ..env import environment
 from ..recipe import Recipe
+from ..run.parity import compare
 from .runner import LadderSpec, append_row, run_rung
 
 
@@ -22,6 +25,7 @@ def run_scaling(workload: str, size: str, recipe: Recipe, worlds: list[int], mod
     env, rows, best_single = environment(device), [], None
     with tempfile.TemporaryDirectory(prefix="fasttrain-scaling-") as tmp:
         for world in sorted(worlds):
+            ref = None  # the world's first mode that ran: same global batch, same losses due
             for mode in (["none"] if world == 1 else modes):
                 rec = recipe.replace(sharding=mode, batch=per_gpu_batch * world)
                 spec = LadderSpec(workload=workload, size=size, steps=steps, warmup=warmup,
@@ -37,6 +41,11 @@ def run_scaling(workload: str, size: str, recipe: Recipe, worlds: list[int], mod
                     if world == 1:
                         best_single = max(best_single or 0.0, row["throughput"])
                     row["efficiency"] = (row["throughput"] / best_single) if best_single else None
+                    if ref is None:
+                        ref = row
+                    else:  # the sharding modes at one world size must train the same model
+                        row["parity"] = {**compare(row["losses"], ref["losses"], rec.precision),
+                                         "against": ref["rung"]}
                 rows.append(row)
                 if out:
                     append_row(out, row)

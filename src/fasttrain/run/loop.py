@@ -26,7 +26,7 @@ from ..techniques import TrainState, apply_all, unmet_requirements
 from ..distributed import env as dist_env
 from ..techniques import allocator, init
 from ..techniques import attention as attn
-from ..techniques.compile import graph_stats
+from ..techniques.compile import graph_stats, limit_warning
 from ..workloads.base import Batch, Workload
 from . import checkpoint
 from .data import DevicePrefetcher, HostBatches, make_loader, to_device
@@ -318,6 +318,9 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
 
 def _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait) -> RunResult:
     dev, wl = state.device, state.workload
+    stats = graph_stats(state.compile_baseline) if state.recipe.compile != "none" else None
+    if limit_warning(stats):
+        state.warn("compile", limit_warning(stats))
     med = statistics.median(totals)
     peak = device_peak(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else None
     tflops = flops / med / 1e12 if flops else None
@@ -337,5 +340,5 @@ def _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait)
         losses=[float(x) for x in dist_env.sum_tensor(torch.stack(losses).float()).cpu()],
         phases_s={k: statistics.median(v) for k, v in phases.items()},
         data_wait_host_s=host_wait, applied=dict(state.applied), warnings=list(state.warnings),
-        compile=graph_stats(state.compile_baseline) if state.recipe.compile != "none" else None,
+        compile=stats,
         step_times_s=list(totals), phase_steps_s=phases)

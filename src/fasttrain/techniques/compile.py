@@ -54,11 +54,23 @@ def graph_stats(since: dict[str, int] | None = None) -> dict[str, int]:
     """Dynamo's counters: graphs compiled, graph breaks, recompiles — since ``since``."""
     from torch._dynamo.utils import counters
 
+    limit = ("recompile limit", "recompile_limit", "cache_size_limit", "cache size limit")
     now = {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
            "graph_breaks": int(sum(counters["graph_break"].values())),
            "recompiles": int(counters["recompiles"].get("total", 0)
-                             if "recompiles" in counters else 0)}
+                             if "recompiles" in counters else 0),
+           # a function that kept changing shape until dynamo gave up: the rest ran eager
+           "recompile_limit_hits": int(sum(n for reason, n in counters["unimplemented"].items()
+                                           if any(k in reason.lower() for k in limit)))}
     return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
+
+
+def limit_warning(stats: dict[str, int] | None) -> str | None:
+    """A line for the row's warnings when compile gave up on a function."""
+    if not stats or not stats.get("recompile_limit_hits"):
+        return None
+    return (f"dynamo's recompile limit was hit ({stats['unique_graphs']} graphs compiled): "
+            "later shapes ran eager; if batch shapes vary, pad them (pad_multiple)")
 
 
 TECHNIQUE = Technique(
