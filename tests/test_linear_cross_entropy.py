@@ -69,3 +69,24 @@ def test_mismatched_shapes_are_one_line_errors():
         linear_cross_entropy(h, w[:, :8], y)
     with pytest.raises(ValueError, match="chunk must be >= 1"):
         linear_cross_entropy(h, w, y, chunk=0)
+
+
+def test_gradient_work_only_for_what_needs_it():
+    """No grad mode: the loss's GEMM only; a frozen weight: no weight-gradient GEMM."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    h, w, y = _inputs(torch.float32)
+    one = 2 * h.shape[0] * h.shape[1] * h.shape[2] * w.shape[0]  # one (tokens x C x V) GEMM
+
+    def flops(fn):
+        with FlopCounterMode(display=False) as counter:
+            fn()
+        return counter.get_total_flops()
+
+    with torch.no_grad():
+        assert flops(lambda: linear_cross_entropy(h, w, y, chunk=16)) == one
+    frozen = w.detach()
+    assert flops(lambda: linear_cross_entropy(h, frozen, y, chunk=16)) == 2 * one
+    h.grad = None
+    linear_cross_entropy(h, frozen, y, chunk=16).backward()
+    assert h.grad is not None

@@ -68,3 +68,15 @@ def test_describe_error_names_the_first_exception_of_a_chain():
     assert line == ("ValueError: operation failed due to a previous error during capture "
                     "(first: RuntimeError: Cannot copy between CPU and CUDA tensors during capture)")
     assert describe_error(KeyError()) == "KeyError"
+
+
+def test_describe_error_respects_from_none():
+    from fasttrain.errors import describe_error
+
+    try:
+        try:
+            raise KeyError("batch")
+        except KeyError:
+            raise ValueError("bad batch") from None
+    except ValueError as err:
+        assert describe_error(err) == "ValueError: bad batch"

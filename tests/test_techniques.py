@@ -234,3 +234,21 @@ def test_fused_kernels_keep_the_llama_losses_and_say_what_they_fused():
     assert "linear + cross-entropy in chunks" in fused.applied["kernels"]
     vit = train(load_workload("vit", "tiny"), Recipe(kernels="fused"), steps=1, warmup=0)
     assert any("changes nothing" in w for w in vit.warnings)
+
+
+def test_padding_never_goes_past_the_models_length():
+    from fasttrain.workloads.data import pad_collate
+
+    items = [{"ids": torch.arange(60)}, {"ids": torch.arange(10)}]
+    assert pad_collate(items, {"ids": 0}, multiple=48, max_len=64)["ids"].shape == (2, 64)
+    assert pad_collate(items, {"ids": 0}, multiple=48)["ids"].shape == (2, 96)
+
+
+def test_cuda_graphs_refuse_batches_with_varying_item_counts():
+    from types import SimpleNamespace
+
+    from fasttrain.techniques import cuda_graphs
+
+    state = SimpleNamespace(cuda=True, workload=load_workload("llama", "tiny", varlen=True))
+    with pytest.raises(FasttrainError, match="varying item counts"):
+        cuda_graphs.apply(state)

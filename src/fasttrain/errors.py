@@ -17,7 +17,10 @@ def describe_error(err: BaseException, width: int = 300) -> str:
         return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
     root, seen = err, {id(err)}
-    while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
+    def before(e: BaseException) -> BaseException | None:
+        return e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+
+    while (nxt := before(root)) is not None and id(nxt) not in seen:
         root = nxt
         seen.add(id(nxt))
     return line(err) if root is err else f"{line(err)} (first: {line(root)})"

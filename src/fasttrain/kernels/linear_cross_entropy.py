@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 IGNORE = -100
 
@@ -27,15 +28,16 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk: int, dtype: torch.dtype):
-        needs_grad = hidden.requires_grad or weight.requires_grad
+    def forward(ctx, hidden, weight, labels, chunk: int, dtype: torch.dtype,
+                want_h: bool, want_w: bool):
+        needs_grad = want_h or want_w
         acc = torch.promote_types(dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
             loss = torch.zeros((), dtype=acc, device=hidden.device)
-            grad_h = torch.empty_like(hidden) if needs_grad else None
+            grad_h = torch.empty_like(hidden) if want_h else None
             grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) \
-                if needs_grad else None
+                if want_w else None
             for s in range(0, h.shape[0], chunk):
                 hc, yc = h[s:s + chunk], labels[s:s + chunk]
                 logits = (hc @ w.t()).to(acc)  # (c, V) — the only logits alive at a time
@@ -48,18 +50,24 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                     g = torch.exp(logits - lse.unsqueeze(1))
                     g.scatter_add_(1, target, -valid.unsqueeze(1).to(acc))
                     g = (g * valid.unsqueeze(1)).to(dtype)
-                    grad_h[s:s + chunk] = (g @ w).to(hidden.dtype)
-                    grad_w += (g.t() @ hc).to(acc)
-        if needs_grad:
-            ctx.save_for_backward(grad_h, grad_w)
+                    if want_h:
+                        grad_h[s:s + chunk] = (g @ w).to(hidden.dtype)
+                    if want_w:
+                        grad_w += (g.t() @ hc).to(acc)
+        ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         return loss
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_loss):
         grad_h, grad_w = ctx.saved_tensors
-        return (grad_h * grad_loss.to(grad_h.dtype), (grad_w * grad_loss).to(ctx.weight_dtype),
-                None, None, None)
+        # the scale (1 / the step's item count) multiplies in fp32, then rounds once
+        dh = None if grad_h is None else (
+            grad_h.to(torch.promote_types(grad_h.dtype, torch.float32)) * grad_loss
+        ).to(grad_h.dtype)
+        dw = None if grad_w is None else (grad_w * grad_loss).to(ctx.weight_dtype)
+        return dh, dw, None, None, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
@@ -72,8 +80,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
                          f"{tuple(weight.shape)} and labels {tuple(labels.shape)} do not match")
     if chunk < 1:
         raise ValueError(f"linear_cross_entropy: chunk must be >= 1, not {chunk}")
-    return _ChunkedLinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
-                                            labels.reshape(-1), chunk, _compute_dtype(hidden))
+    grad = torch.is_grad_enabled()  # inside Function.forward grad mode is always off
+    return _ChunkedLinearCrossEntropy.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), chunk,
+        _compute_dtype(hidden), grad and hidden.requires_grad, grad and weight.requires_grad)
 
 
 def linear_cross_entropy_reference(hidden: torch.Tensor, weight: torch.Tensor,

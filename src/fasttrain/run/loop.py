@@ -280,7 +280,7 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
     it = (DevicePrefetcher(iter(loader), dev, r.accumulation) if state.device_prefetch
           else HostBatches(iter(loader), dev, r.accumulation, state.non_blocking))
     timer = PhaseTimer(dev, labels=any(o.labels for o in observers))
-    stepper, losses, host_wait, count = None, [], 0.0, 0
+    stepper, losses, host_wait, count, counts = None, [], 0.0, 0, []
     t0 = time.perf_counter()
     # A captured graph keeps its activations in a private pool that counts as free between
     # replays, so with CUDA graphs the peak is taken over warm-up and capture too.
@@ -304,6 +304,7 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
             if stepper is None:
                 stepper = _Stepper(state, timer, count)
             stepper.count = count
+        counts.append(count)
         losses.append(stepper(micro))
         for obs in observers:
             obs.end(i)
@@ -313,10 +314,15 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
     if state.ema is not None:
         state.ema.synchronize()
     totals, phases = timer.results(skip=warmup)
-    return _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait / steps)
+    # Items per second: with varying counts (padding), all timed items over all timed time.
+    rate = count / statistics.median(totals) if wl.constant_count else \
+        sum(counts[warmup:]) / sum(totals)
+    return _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait / steps,
+                      rate)
 
 
-def _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait) -> RunResult:
+def _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait,
+               rate) -> RunResult:
     dev, wl = state.device, state.workload
     stats = graph_stats(state.compile_baseline) if state.recipe.compile != "none" else None
     if limit_warning(stats):
@@ -329,7 +335,7 @@ def _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait)
         batch=state.micro_batch * state.recipe.accumulation * dist_env.current().world,
         steps=len(totals),
         step_time_s=med, step_time_min_s=min(totals), step_time_max_s=max(totals),
-        throughput=count / med, throughput_unit=f"{wl.unit}/s",
+        throughput=rate, throughput_unit=f"{wl.unit}/s",
         peak_allocated_gib=dist_env.max_float(
             torch.cuda.max_memory_allocated(dev) / GIB if cuda else None),
         peak_reserved_gib=dist_env.max_float(

@@ -7,12 +7,20 @@ run/graphs.py; this card checks and records.
 """
 from __future__ import annotations
 
+from ..errors import FasttrainError
 from .base import Technique, TrainState
 
 
 def apply(state: TrainState) -> str:
     if not state.cuda:
         raise ValueError("cuda_graphs needs a CUDA device")
+    if not state.workload.constant_count:
+        # The step divides the summed loss by the batch's item count, a number the capture
+        # would freeze: batches with other counts (padding, ignored labels) would train with
+        # the wrong scale.
+        raise FasttrainError(f"cuda_graphs: {state.workload.name} batches hold varying item "
+                             "counts (padding or ignored labels), which a captured step cannot "
+                             "follow; turn cuda_graphs off")
     state.autocast_cache = False
     return "whole step captured after warm-up; batches copied into static inputs"
 

@@ -21,8 +21,10 @@ def apply(state: TrainState) -> str | None:
         state.warn("padding", f"{state.workload.name} batches have no variable-length fields; "
                               "pad_multiple ignored")
         return None
-    state.collate = functools.partial(pad_collate, fields=fields, multiple=n)
-    return f"{', '.join(fields)} padded to a multiple of {n} tokens"
+    cap = getattr(state.workload, "max_length", None)
+    state.collate = functools.partial(pad_collate, fields=fields, multiple=n, max_len=cap)
+    capped = f", at most {cap}" if cap is not None and cap % n else ""
+    return f"{', '.join(fields)} padded to a multiple of {n} tokens{capped}"
 
 
 TECHNIQUE = Technique(

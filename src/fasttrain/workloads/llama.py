@@ -195,6 +195,7 @@ class LlamaWorkload(Workload):
         self.token_dtype = TOKEN_DTYPES[token_dtype]
         self.default_batch = {"tiny": 4, "base": 4, "large": 2}[size]
         self.varlen = bool(varlen)
+        self.max_length = cfg.seq  # padding never goes past the RoPE tables
         if self.varlen:  # documents of 1/8 to all of seq_len tokens, padded per batch
             self.pad_fields = MappingProxyType({"input_ids": 0, "labels": -100})
             self.constant_count = False
