@@ -13,17 +13,18 @@ from ..kernels.linear_cross_entropy import linear_cross_entropy, linear_cross_en
 
 
 class LMHeadLoss(nn.Module):
-    def __init__(self, head: nn.Linear, chunk: int = 2048):
+    """No parameters of its own: the model passes its head's weight at every call."""
+
+    def __init__(self, chunk: int = 2048):
         super().__init__()
-        self.head = [head]  # a reference, not a submodule: the weight is owned by the model
         self.chunk, self.fused = chunk, False
 
     def use_fused(self, on: bool) -> list[str]:
         self.fused = on
         return [f"linear + cross-entropy in chunks of {self.chunk} tokens"]
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        weight = self.head[0].weight
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor,
+                labels: torch.Tensor) -> torch.Tensor:
         if self.fused:
             return linear_cross_entropy(hidden, weight, labels, self.chunk)
         return linear_cross_entropy_reference(hidden, weight, labels)

@@ -142,7 +142,7 @@ class Llama(nn.Module):
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False, device="meta")
         self.lm_head.weight = self.embed_tokens.weight  # tied, as Llama 3.2
-        self.head_loss = LMHeadLoss(self.lm_head)  # the kernels switch fuses it
+        self.head_loss = LMHeadLoss()  # the kernels switch fuses it
         cos, sin = rope_tables(cfg)  # on the build device
         self.register_buffer("rope_cos", cos, persistent=False)  # (T, D) float32
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -164,7 +164,7 @@ class Llama(nn.Module):
         return self.lm_head(self.hidden(input_ids))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.head_loss(self.hidden(input_ids), labels)
+        return self.head_loss(self.hidden(input_ids), self.lm_head.weight, labels)
 
 
 class TokenFile(TokenWindows):
