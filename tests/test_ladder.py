@@ -149,3 +149,40 @@ def test_from_runs_the_base_then_the_later_rungs_with_cumulative_recipes():
     assert mem[1][0].parity == "none" and "--from" in mem[1][0].parity_note
     with pytest.raises(FasttrainError, match="--from 'nope' is not a rung"):
         _plan(LadderSpec(workload="vit", size="tiny", rungs=["default"], start_at="nope"))
+
+
+def test_fast_preset_candidates_vary_what_depends_on_the_model():
+    from fasttrain.ladder.rungs import pick_fast
+
+    names = {w: [r.name for r, _ in build_ladder(load_workload(w, "tiny"), ["fast"], Recipe())]
+             for w in ("vit", "sd", "llama")}
+    assert names["vit"] == ["fp32", "fast: no graphs", "fast: graphs"]
+    assert len(names["sd"]) == 5 and "fast: graphs, no NHWC" in names["sd"]  # conv model
+    assert "fast: graphs, kernels" in names["llama"]  # a layer with a fused kernel
+    sd = dict((r.name, rec) for r, rec in build_ladder(load_workload("sd", "tiny"), ["fast"],
+                                                      Recipe()))
+    top = sd["fast: graphs, NHWC"]
+    assert (top.compile, top.cuda_graphs, top.channels_last, top.ema, top.precision) == (
+        "regional", True, True, "side-stream", "bf16-mixed")
+    rows = [{"rung": "fast: a", "throughput": 9.0, "parity": {"passed": False}},
+            {"rung": "fast: b", "throughput": 5.0, "parity": {"passed": True}},
+            {"rung": "fast: c", "skipped": "needs CUDA", "parity": None},
+            {"rung": "fp32", "throughput": 99.0, "parity": {"passed": True}}]
+    assert pick_fast(rows)["rung"] == "fast: b"  # fastest that ran and kept the loss
+
+
+@pytest.mark.slow
+def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
+    from fasttrain.recipe import load_toml
+
+    proc = subprocess.run([sys.executable, "-m", "fasttrain", "ladder", "vit", "--device", "cpu",
+                           "--rungs", "fast", "--set", "compile_backend=aot_eager", "--steps", "2",
+                           "--warmup", "1", "--out", str(tmp_path)], capture_output=True,
+                          text=True, env=_env(), cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(x) for f in tmp_path.glob("ladder-*.jsonl") for x in f.read_text().splitlines()]
+    verdict = [r for r in rows if r["kind"] == "fast"]
+    assert len(verdict) == 1 and verdict[0]["rung"] == "fast: no graphs"  # graphs need CUDA
+    chosen = next(r for r in rows if r["rung"] == "fast: no graphs" and r["kind"] == "ladder")
+    assert load_toml(tmp_path / "fast-vit-tiny.toml").to_dict() == chosen["recipe"]
+    assert "fast preset: 'fast: no graphs'" in markdown_table(rows)

@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     lad = sub.add_parser("ladder", help="measure cumulative speed-up rungs, each with parity")
     _common(lad)
     lad.add_argument("--rungs", default="default",
-                     help="comma-separated rung names, 'default', or 'none' (only --peer)")
+                     help="comma-separated rung names, 'default', 'memory', 'fast' (the preset "
+                          "search), or 'none' (only --peer)")
     lad.add_argument("--from", dest="start_at", default=None, metavar="RUNG",
                      help="run the first rung (the parity base), then only the rungs from RUNG "
                           "on, their recipes still cumulative")
@@ -154,10 +155,40 @@ def cmd_ladder(args) -> int:
                       rung_timeout=args.rung_timeout, extra_rungs=extra, nproc=args.nproc,
                       start_at=args.start_at)
     rows = run_with_progress(spec)
+    if rungs == ["fast"]:
+        _write_fast_preset(args.workload, size, rows, out)
     print(f"rows: {out}")
     bad = [r for r in rows if r.get("kind") == "ladder" and (
         r.get("error") or (r.get("parity") or {}).get("passed") is False)]
     return 1 if bad else 0
+
+
+def _write_fast_preset(workload: str, size: str, rows: list[dict], out: Path) -> None:
+    """The fastest candidate that passed parity becomes the preset: a recipe file next to the
+    rows and a ``kind: fast`` row saying which candidate won and by how much."""
+    from .ladder.child import write_atomic
+    from .ladder.rungs import pick_fast
+    from .ladder.runner import append_row
+    from .recipe import Recipe, to_toml
+
+    best = pick_fast(rows)
+    if best is None:
+        print("fast preset: no candidate ran and passed parity; nothing written")
+        return
+    recipe = Recipe().replace(**best["recipe"])
+    path = out.with_name(f"fast-{Path(workload.split(':')[0]).name}-{size}.toml")
+    write_atomic(path, to_toml(recipe, comment=f"fasttrain fast preset for {workload} {size}: "
+                                              f"{best['rung']}, {best['throughput']:,.1f} "
+                                              f"{best['throughput_unit']}"))
+    peer = next((r for r in rows if r.get("kind") == "peer" and not r.get("error")), None)
+    append_row(out, {"kind": "fast", "workload": workload, "size": size, "rung": best["rung"],
+                     "recipe": best["recipe"], "throughput": best["throughput"],
+                     "throughput_unit": best["throughput_unit"], "speedup": best.get("speedup"),
+                     "vs_peer": best["throughput"] / peer["throughput"] if peer else None,
+                     "recipe_file": str(path), "env": best.get("env")})
+    gain = f", {best['speedup']:.2f}x fp32" if best.get("speedup") else ""
+    print(f"fast preset: {best['rung']} ({best['throughput']:,.1f} {best['throughput_unit']}"
+          f"{gain}) → {path} (run it: fasttrain ladder {workload} --recipe {path})")
 
 
 def cmd_train(args) -> int:

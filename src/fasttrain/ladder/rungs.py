@@ -70,6 +70,47 @@ def memory_rungs(workload: Workload) -> list[Rung]:
     ]
 
 
+def has_fused_layers(workload: Workload) -> bool:
+    """Does the model have a layer with a fused kernel path (built on the meta device)?"""
+    import torch
+
+    with torch.device("meta"):
+        model = workload.build_model()
+    return any(callable(getattr(m, "use_fused", None)) for m in model.modules())
+
+
+def fast_candidates(workload: Workload, base: Recipe) -> list[tuple[Rung, Recipe]]:
+    """The ``fast`` preset's candidates: every PyTorch technique of the default ladder up to
+    compile, then each combination of the switches whose gain depends on the model and the
+    device — CUDA graphs, channels_last (conv models), fasttrain's kernels (where a layer has
+    one). Each is measured and gated by parity; the fastest that passes is the preset."""
+    import itertools
+
+    recipe = dict((r.name, rec) for r, rec in build_ladder(workload, None, base))["compile"]
+    axes = [("graphs", "cuda_graphs", (False, True))]
+    if getattr(workload, "prefers_channels_last", False):
+        axes.append(("NHWC", "channels_last", (True, False)))
+    if has_fused_layers(workload):
+        axes.append(("kernels", "kernels", ("none", "fused")))
+    out = []
+    for values in itertools.product(*(vals for _, _, vals in axes)):
+        changes = {key: v for (_, key, _), v in zip(axes, values)}
+        parts = [label if v not in (False, "none") else f"no {label}"
+                 for (label, _, _), v in zip(axes, values)]
+        out.append((Rung("fast: " + ", ".join(parts), changes,
+                         "fast preset candidate: the default ladder up to compile, then "
+                         + ", ".join(f"{k}={v}" for k, v in changes.items())),
+                    recipe.replace(**changes)))
+    return out
+
+
+def pick_fast(rows: list[dict]) -> dict | None:
+    """The fastest candidate row that ran and passed parity (None if none did)."""
+    ok = [r for r in rows if str(r.get("rung", "")).startswith("fast: ") and not r.get("error")
+          and not r.get("skipped") and (r.get("parity") or {}).get("passed")]
+    return max(ok, key=lambda r: r["throughput"], default=None)
+
+
 RUNG_SETS = {"default": default_rungs, "memory": memory_rungs}
 
 
@@ -80,6 +121,9 @@ def build_ladder(workload: Workload, names: list[str] | None, base: Recipe) -> l
     rungs = [r for r in default_rungs(workload) if wants[r.when]]
     if names == ["none"]:  # only the peer
         return []
+    if names == ["fast"]:  # the fp32 parity base, then the candidates
+        first = rungs[0]
+        return [(first, base.replace(**first.changes)), *fast_candidates(workload, base)]
     if names == ["memory"]:
         rungs = memory_rungs(workload)
     elif names and names != ["default"]:

@@ -67,8 +67,24 @@ def peer_summary(rows: list[dict]) -> str | None:
             f"{peer.get('peak_allocated_gib') or 0:.1f} GiB")
 
 
+def fast_summary(rows: list[dict]) -> str | None:
+    """'fast preset: <candidate>' when the rows hold a ``--rungs fast`` verdict."""
+    fast = next((r for r in rows if r.get("kind") == "fast"), None)
+    if not fast:
+        return None
+    peer = f", {fast['vs_peer']:.2f}x the peer" if fast.get("vs_peer") else ""
+    return (f"fast preset: '{fast['rung']}' at {fast['throughput']:,.1f} "
+            f"{fast['throughput_unit']}{peer} → {fast['recipe_file']}")
+
+
+def _table_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("kind") != "fast"]
+
+
 def rich_table(rows: list[dict], title: str | None = None) -> Table:
-    table = Table(title=title, header_style="bold", caption=peer_summary(rows))
+    caption = "\n".join(x for x in (peer_summary(rows), fast_summary(rows)) if x) or None
+    rows = _table_rows(rows)
+    table = Table(title=title, header_style="bold", caption=caption)
     for col in COLUMNS:
         table.add_column(col, justify="left" if col in ("rung", "comment", "parity") else "right",
                          overflow="fold")
@@ -81,12 +97,12 @@ def rich_table(rows: list[dict], title: str | None = None) -> Table:
 
 def markdown_table(rows: list[dict], link: str | None = None) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in rows:
+    for row in _table_rows(rows):
         cells = [c.replace("|", "/") for c in row_cells(row)]
         lines.append("| " + " | ".join(cells) + " |")
-    summary = peer_summary(rows)
-    if summary:
-        lines.append(f"\n{summary}.")
+    for summary in (peer_summary(rows), fast_summary(rows)):
+        if summary:
+            lines.append(f"\n{summary}.")
     if link:
         lines.append(f"\nRows: [{link}]({link})")
     return "\n".join(lines)
