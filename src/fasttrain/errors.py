@@ -16,10 +16,10 @@ def describe_error(err: BaseException, width: int = 300) -> str:
         text = str(e).splitlines()[0][:width] if str(e) else ""
         return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
-    root, seen = err, {id(err)}
     def before(e: BaseException) -> BaseException | None:
         return e.__cause__ or (None if e.__suppress_context__ else e.__context__)
 
+    root, seen = err, {id(err)}
     while (nxt := before(root)) is not None and id(nxt) not in seen:
         root = nxt
         seen.add(id(nxt))

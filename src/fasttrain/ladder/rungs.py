@@ -74,9 +74,10 @@ def has_fused_layers(workload: Workload) -> bool:
     """Does the model have a layer with a fused kernel path (built on the meta device)?"""
     import torch
 
+    from ..techniques.kernels import fused_layers
+
     with torch.device("meta"):
-        model = workload.build_model()
-    return any(callable(getattr(m, "use_fused", None)) for m in model.modules())
+        return bool(fused_layers(workload.build_model()))
 
 
 def fast_candidates(workload: Workload, base: Recipe) -> list[tuple[Rung, Recipe]]:

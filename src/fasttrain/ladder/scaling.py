@@ -25,7 +25,7 @@ def run_scaling(workload: str, size: str, recipe: Recipe, worlds: list[int], mod
     env, rows, best_single = environment(device), [], None
     with tempfile.TemporaryDirectory(prefix="fasttrain-scaling-") as tmp:
         for world in sorted(worlds):
-            ref = None  # the world's first mode that ran: same global batch, same losses due
+            ref = None  # the world's first mode that ran: the others must match its losses
             for mode in (["none"] if world == 1 else modes):
                 rec = recipe.replace(sharding=mode, batch=per_gpu_batch * world)
                 spec = LadderSpec(workload=workload, size=size, steps=steps, warmup=warmup,

@@ -44,24 +44,24 @@ def categorize(name: str) -> str:
     return "other"
 
 
-def _union_length(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(spans):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
-def _in_spans(spans: list[tuple[float, float]]):
-    """A test ``t -> bool``: does ``t`` fall inside one of the (merged) spans?"""
+def _merge(spans: list[tuple[float, float]]) -> list[list[float]]:
+    """Overlapping (start, end) spans joined, sorted."""
     merged: list[list[float]] = []
     for a, b in sorted(spans):
         if merged and a <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], b)
         else:
             merged.append([a, b])
+    return merged
+
+
+def _union_length(spans: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in _merge(spans))
+
+
+def _in_spans(spans: list[tuple[float, float]]):
+    """A test ``t -> bool``: does ``t`` fall inside one of the (merged) spans?"""
+    merged = _merge(spans)
     starts = [a for a, _ in merged]
     return lambda t: (i := bisect.bisect_right(starts, t) - 1) >= 0 and t < merged[i][1]
 

@@ -36,8 +36,7 @@ class GraphedStep:
             if v.shape != self.static[k].shape:
                 raise FasttrainError(
                     f"cuda_graphs replays one batch shape: {k} is {tuple(v.shape)}, the captured "
-                    f"one {tuple(self.static[k].shape)}; pad variable-length batches to one "
-                    "length (pad_multiple = the longest item)")
+                    f"one {tuple(self.static[k].shape)}; every batch must keep one shape")
             self.static[k].copy_(v, non_blocking=True)
 
     def __call__(self, batch: Batch) -> torch.Tensor:

@@ -317,12 +317,10 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
     # Items per second: with varying counts (padding), all timed items over all timed time.
     rate = count / statistics.median(totals) if wl.constant_count else \
         sum(counts[warmup:]) / sum(totals)
-    return _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait / steps,
-                      rate)
+    return _summarise(state, totals, phases, losses, flops, warmup_s, host_wait / steps, rate)
 
 
-def _summarise(state, totals, phases, losses, flops, count, warmup_s, host_wait,
-               rate) -> RunResult:
+def _summarise(state, totals, phases, losses, flops, warmup_s, host_wait, rate) -> RunResult:
     dev, wl = state.device, state.workload
     stats = graph_stats(state.compile_baseline) if state.recipe.compile != "none" else None
     if limit_warning(stats):

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 from collections import Counter
 
+from torch import nn
+
 from .base import Technique, TrainState
+
+
+def fused_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers with a fused path (they expose ``use_fused``)."""
+    return [m for m in model.modules() if callable(getattr(m, "use_fused", None))]
 
 
 def apply(state: TrainState) -> str | None:
     done: Counter = Counter()
-    for module in state.model.modules():
-        if callable(getattr(module, "use_fused", None)):
-            done.update(module.use_fused(True))
+    for module in fused_layers(state.model):
+        done.update(module.use_fused(True))
     if not done:
         state.warn("kernels", f"{state.workload.name} has no layer with a fused kernel; "
                               "kernels=fused changes nothing")

@@ -197,12 +197,10 @@ def pad_collate(items: list[dict[str, torch.Tensor]], fields: dict[str, int],
     """Stack items whose ``fields`` (1-D, last dim the sequence) vary in length: pad on the right
     with each field's pad value to the longest item, rounded up to a multiple of ``multiple``
     but never past ``max_len`` (the model's longest sequence)."""
-    longest = max(int(it[k].shape[-1]) for it in items for k in fields)
-    if multiple > 1:
-        longest = -(-longest // multiple) * multiple
-        if max_len is not None:
-            longest = max(min(longest, max_len), max(int(it[k].shape[-1]) for it in items
-                                                     for k in fields))
+    item = max(int(it[k].shape[-1]) for it in items for k in fields)
+    longest = -(-item // multiple) * multiple if multiple > 1 else item
+    if max_len is not None:
+        longest = max(min(longest, max_len), item)
     out = {}
     for key in items[0]:
         if key in fields:
