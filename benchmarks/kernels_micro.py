@@ -105,12 +105,57 @@ def norm_rows(env: dict) -> list[dict]:
     return rows
 
 
+def fp8_rows(env: dict) -> list[dict]:
+    """One linear layer, forward + backward (dx, dw, db), bf16 autocast against fp8."""
+    from torch import nn
+
+    from fasttrain.kernels.fp8_linear import Float8Linear
+
+    rows = []
+    cases = [("llama-1B q/o", 8192, 2048, 2048), ("llama-1B k/v", 8192, 2048, 512),
+             ("llama-1B gate/up", 8192, 2048, 8192), ("llama-1B down", 8192, 8192, 2048),
+             ("vit-B qkv", 128 * 197, 768, 2304), ("vit-B fc1", 128 * 197, 768, 3072),
+             ("vit-B fc2", 128 * 197, 3072, 768), ("swin-B s1 fc1", 64 * 3136, 128, 512),
+             ("swin-B s3 fc1", 64 * 196, 512, 2048), ("sd ff 64x64", 8 * 4096, 320, 2560)]
+    for where, m, k, n in cases:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        plain = nn.Linear(k, n, device="cuda")
+        fp8 = nn.Linear(k, n, device="cuda")
+        fp8.load_state_dict(plain.state_dict())
+        fp8.__class__ = Float8Linear
+        g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        flops = 3 * 2 * m * k * n
+
+        def call(layer):
+            def run(x):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    return (layer(x).float() * g).sum()
+            return run
+
+        torch._dynamo.reset()
+        variants = {"bf16 compiled": torch.compile(call(plain)),
+                    "fp8 compiled": torch.compile(call(fp8)), "fp8 eager": call(fp8)}
+        for name, fn in variants.items():
+            ms, peak = _bench(fn, (x,))
+            rows.append({"kind": "kernel-micro", "kernel": "linear", "variant": name,
+                         "shape": {"tokens": m, "in": k, "out": n, "model": where},
+                         "dtype": "bf16 autocast, fp32 weight", "ms": ms,
+                         "tflops": flops / ms / 1e9, "peak_gib": peak, "env": env})
+            print(f"linear {where:17s} {m}x{k}x{n} {name:14s} {ms:8.3f} ms "
+                  f"{flops / ms / 1e9:6.1f} TFLOP/s  peak {peak:6.2f} GiB", flush=True)
+    return rows
+
+
+GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default=",".join(GROUPS), help=f"of {', '.join(GROUPS)}")
     args = ap.parse_args()
     env = environment("cuda")
-    rows = linear_ce_rows(env) + norm_rows(env)
+    rows = [row for name in args.only.split(",") for row in GROUPS[name](env)]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))

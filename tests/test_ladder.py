@@ -139,31 +139,44 @@ def test_peer_summary_compares_the_best_passing_rung_with_the_peer():
 def test_from_runs_the_base_then_the_later_rungs_with_cumulative_recipes():
     from fasttrain.ladder.runner import LadderSpec, _plan
 
-    _, plan = _plan(LadderSpec(workload="vit", size="tiny", rungs=["default"], start_at="compile"))
+    _, plan, _ = _plan(LadderSpec(workload="vit", size="tiny", rungs=["default"], start_at="compile"))
     assert [r.name for r, _ in plan] == ["fp32", "compile", "cuda-graphs"]
     compiled = plan[1][1]
     assert (compiled.precision, compiled.optimizer_impl, compiled.compile) == (
         "bf16-mixed", "fused", "model")
-    _, mem = _plan(LadderSpec(workload="vit", size="tiny", rungs=["memory"],
+    _, mem, _ = _plan(LadderSpec(workload="vit", size="tiny", rungs=["memory"],
                               start_at="checkpointing"))
     assert mem[1][0].parity == "none" and "--from" in mem[1][0].parity_note
     with pytest.raises(FasttrainError, match="--from 'nope' is not a rung"):
         _plan(LadderSpec(workload="vit", size="tiny", rungs=["default"], start_at="nope"))
 
 
-def test_fast_preset_candidates_vary_what_depends_on_the_model():
-    from fasttrain.ladder.rungs import pick_fast
+def test_fast_search_tries_what_depends_on_the_model_greedily():
+    from fasttrain.ladder.rungs import FastSearch, pick_fast
 
-    names = {w: [r.name for r, _ in build_ladder(load_workload(w, "tiny"), ["fast"], Recipe())]
-             for w in ("vit", "sd", "llama")}
-    assert names["vit"] == ["fp32", "fast: no graphs", "fast: graphs"]
-    assert len(names["sd"]) == 5 and "fast: graphs, no NHWC" in names["sd"]  # conv model
-    assert "fast: graphs, kernels" in names["llama"]  # a layer with a fused kernel
-    sd = dict((r.name, rec) for r, rec in build_ladder(load_workload("sd", "tiny"), ["fast"],
-                                                      Recipe()))
-    top = sd["fast: graphs, NHWC"]
-    assert (top.compile, top.cuda_graphs, top.channels_last, top.ema, top.precision) == (
-        "regional", True, True, "side-stream", "bf16-mixed")
+    axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
+            for w in ("vit", "sd", "llama")}
+    assert axes["vit"] == ["graphs", "fp8"]
+    assert axes["sd"] == ["graphs", "fp8", "no NHWC"]  # a conv model; encoders frozen
+    assert axes["llama"] == ["graphs", "fp8", "kernels"]  # a layer with a fused kernel
+    search = FastSearch(load_workload("sd", "tiny"), Recipe())
+    rung, rec = search.first()
+    assert (rung.name, rec.compile, rec.cuda_graphs, rec.channels_last, rec.ema,
+            rec.precision) == ("fast: compile", "regional", False, True, "side-stream",
+                               "bf16-mixed")
+    ok = {"parity": {"passed": True}, "error": None}
+    rung, rec = search.next({**ok, "rung": "fast: compile", "throughput": 10.0}, rec)
+    assert rung.name == "fast: compile + graphs" and rec.cuda_graphs
+    # graphs won: fp8 is tried on top of it
+    rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.0}, rec)
+    assert rung.name == "fast: compile + graphs + fp8" and rec.cuda_graphs and rec.fp8 == "linear"
+    # fp8 failed parity: NHWC off is tried on the graphs recipe, without fp8
+    rung, rec = search.next({"rung": rung.name, "throughput": 20.0,
+                             "parity": {"passed": False}}, rec)
+    assert rung.name == "fast: compile + graphs + no NHWC"
+    assert (rec.cuda_graphs, rec.fp8, rec.channels_last) == (True, "none", False)
+    assert search.next({**ok, "rung": rung.name, "throughput": 11.0}, rec) is None
+    assert search.best["rung"] == "fast: compile + graphs"
     rows = [{"rung": "fast: a", "throughput": 9.0, "parity": {"passed": False}},
             {"rung": "fast: b", "throughput": 5.0, "parity": {"passed": True}},
             {"rung": "fast: c", "skipped": "needs CUDA", "parity": None},
@@ -182,7 +195,11 @@ def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(x) for f in tmp_path.glob("ladder-*.jsonl") for x in f.read_text().splitlines()]
     verdict = [r for r in rows if r["kind"] == "fast"]
-    assert len(verdict) == 1 and verdict[0]["rung"] == "fast: no graphs"  # graphs need CUDA
-    chosen = next(r for r in rows if r["rung"] == "fast: no graphs" and r["kind"] == "ladder")
+    names = [r["rung"] for r in rows if r["kind"] == "ladder"]
+    # one rung per switch, each on top of the best so far; graphs need CUDA (skipped)
+    assert names == ["fp32", "fast: compile", "fast: compile + graphs", "fast: compile + fp8"]
+    assert next(r for r in rows if r["rung"] == "fast: compile + graphs")["skipped"]
+    assert len(verdict) == 1 and verdict[0]["rung"] in ("fast: compile", "fast: compile + fp8")
+    chosen = next(r for r in rows if r["rung"] == verdict[0]["rung"] and r["kind"] == "ladder")
     assert load_toml(tmp_path / "fast-vit-tiny.toml").to_dict() == chosen["recipe"]
-    assert "fast preset: 'fast: no graphs'" in markdown_table(rows)
+    assert f"fast preset: '{verdict[0]['rung']}'" in markdown_table(rows)

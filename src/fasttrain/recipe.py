@@ -25,6 +25,7 @@ INIT = ("device", "host")
 ALLOCATOR = ("default", "expandable")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
 KERNELS = ("none", "fused")
+FP8 = ("none", "linear")
 EMA_MODES = ("auto", "none", "per-tensor", "foreach", "side-stream")
 COMPILE = ("none", "model", "regional")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
@@ -102,6 +103,10 @@ class Recipe:
     fp32, then moved and cast (the usual default, with its extra copies)."""
     kernels: str = "none"
     """fasttrain's fused kernels where a model has a fused path: none | fused."""
+    fp8: str = "none"
+    """none | linear: the linear layers of the trainable repeated blocks multiply in float8
+    (e4m3 forward, e5m2 gradients, per-tensor dynamic scales); needs bf16 precision and, on
+    CUDA, an sm89+ GPU. Heads and embeddings stay in bf16."""
     allocator: str = "default"
     """CUDA caching allocator: default | expandable (expandable_segments; set before CUDA starts)."""
     accumulation: int = 1
@@ -135,6 +140,10 @@ def validate(r: Recipe) -> None:
     _choice("precision", r.precision, PRECISIONS)
     _choice("attention", r.attention, ATTENTION)
     _choice("kernels", r.kernels, KERNELS)
+    _choice("fp8", r.fp8, FP8)
+    if r.fp8 != "none" and r.precision not in ("bf16-mixed", "bf16-true"):
+        raise FasttrainError(f"recipe: fp8={r.fp8} needs precision=bf16-mixed or bf16-true "
+                             f"(its matmuls return bf16), not {r.precision}")
     _choice("optimizer", r.optimizer, OPTIMIZERS)
     _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
     _choice("schedule", r.schedule, SCHEDULES)

@@ -17,7 +17,7 @@ from ..recipe import Recipe
 from ..run.parity import compare
 from ..techniques import allocator, unmet_requirements
 from ..workloads import load_workload
-from .rungs import Rung, build_ladder
+from .rungs import FastSearch, Rung, build_ladder
 
 
 @dataclass
@@ -146,22 +146,29 @@ def _plan(spec: LadderSpec):
                                 "not run (--from)")
             plan = [plan[0], (first, rec), *plan[i + 1:]]
     plan += [(Rung(name, {}, "user recipe"), rec) for name, rec in spec.extra_rungs]
-    if spec.device.startswith("cuda") and any(rec.cuda_graphs for _, rec in plan):
+    search = FastSearch(wl, spec.base) if spec.rungs == ["fast"] else None
+    graphs = any(rec.cuda_graphs for _, rec in plan) or (
+        search is not None and any(key == "cuda_graphs" for _, key, _ in search.axes))
+    if spec.device.startswith("cuda") and graphs:
         spec.warmup = max(spec.warmup, 4)  # 3 eager steps + capture; same for every rung
-    return wl, plan
+    return wl, plan, search
 
 
 def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None = None,
                on_start: Callable[[str, int, int], None] | None = None) -> list[dict]:
     """Run every rung (and the peer); returns the rows, also appended to ``spec.out``."""
-    wl, plan = _plan(spec)
+    wl, plan, search = _plan(spec)
     env = environment(spec.device)
     rows, ref, prev = [], None, None
+    total = len(plan) + (len(search.axes) if search else 0)  # the search adds one per switch
     with tempfile.TemporaryDirectory(prefix="fasttrain-ladder-") as tmp:
         workdir = Path(tmp)
-        for i, (rung, recipe) in enumerate(plan):
+        i = -1
+        while i + 1 < len(plan):
+            i += 1
+            rung, recipe = plan[i]
             if on_start:
-                on_start(rung.name, i, len(plan))
+                on_start(rung.name, i, total)
             base = {"kind": "ladder", "workload": spec.workload, "size": spec.size,
                     "rung": rung.name, "comment": rung.comment, "recipe": recipe.to_dict(),
                     "parity": None}
@@ -179,9 +186,13 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
             if spec.out:
                 append_row(spec.out, row)
             if on_row:
-                on_row(row, i, len(plan))
+                on_row(row, i, total)
+            if search and rung.name.startswith("fast: "):
+                following = search.next(row, recipe)
+                if following:
+                    plan.insert(i + 1, following)
         if spec.peer:
-            rows.append(_peer_row(spec, wl, env, workdir, ref, on_start, on_row, len(plan)))
+            rows.append(_peer_row(spec, wl, env, workdir, ref, on_start, on_row, total))
     return rows
 
 

@@ -7,6 +7,7 @@ Order and why:
   precision      before compile: bf16-true changes parameter dtypes that compile guards on.
   attention      a per-step context; before compile so the traced graph sees the backend.
   kernels        fused layer paths: after the FLOP probe, before compile (which traces them).
+  fp8            float8 linear layers: after the FLOP probe, before checkpointing and compile.
   checkpointing  wraps block forwards after the FLOP probe (recompute is not model FLOPs) and
                  before compile, which must trace the checkpointed forward.
   compile        after all module surgery, before the optimizer: the optimizer must hold the
@@ -27,7 +28,7 @@ import importlib
 from ..recipe import Recipe
 from .base import Technique, TrainState
 
-_MODULES = ("init", "allocator", "channels_last", "precision", "attention", "kernels",
+_MODULES = ("init", "allocator", "channels_last", "precision", "attention", "kernels", "fp8",
             "checkpointing", "compile", "sharding", "optimizer", "ema", "dataloader", "padding",
             "cuda_graphs", "accumulation")
 
