@@ -85,3 +85,14 @@ def test_fp8_keeps_the_loss_and_needs_bf16():
     assert got != ref and max(abs(a - b) / b for a, b in zip(got, ref)) < 2e-2
     with pytest.raises(FasttrainError, match="fp8=linear needs precision=bf16"):
         Recipe(precision="fp32", fp8="linear")
+
+
+def test_large_mode_takes_only_layers_of_2_24_weights():
+    from fasttrain.techniques.fp8 import fp8_targets
+
+    blocks = [nn.Sequential(nn.Linear(2048, 8192), nn.Linear(2048, 2048), nn.Linear(8, 8))]
+    with torch.device("meta"):
+        big, left = fp8_targets(blocks, "large")
+        every, unaligned = fp8_targets(blocks, "linear")
+    assert [m.out_features for m in big] == [8192] and left == 2
+    assert len(every) == 2 and unaligned == 1

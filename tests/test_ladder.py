@@ -155,10 +155,14 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     from fasttrain.ladder.rungs import FastSearch, pick_fast
 
     axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
-            for w in ("vit", "sd", "llama")}
+            for w in ("vit", "sd", "llama", "swin")}
     assert axes["vit"] == ["graphs", "fp8"]
     assert axes["sd"] == ["graphs", "fp8", "no NHWC"]  # a conv model; encoders frozen
+    assert axes["swin"] == ["graphs", "fp8", "math attention"]  # 49-token windows
+    # tiny llama has no layer of 2^24 weights; base has (the MLPs)
     assert axes["llama"] == ["graphs", "fp8", "kernels"]  # a layer with a fused kernel
+    big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
+    assert big == ["graphs", "fp8 large", "fp8", "kernels"]
     search = FastSearch(load_workload("sd", "tiny"), Recipe())
     rung, rec = search.first()
     assert (rung.name, rec.compile, rec.cuda_graphs, rec.channels_last, rec.ema,

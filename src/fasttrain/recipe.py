@@ -25,7 +25,7 @@ INIT = ("device", "host")
 ALLOCATOR = ("default", "expandable")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
 KERNELS = ("none", "fused")
-FP8 = ("none", "linear")
+FP8 = ("none", "large", "linear")
 EMA_MODES = ("auto", "none", "per-tensor", "foreach", "side-stream")
 COMPILE = ("none", "model", "regional")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
@@ -104,9 +104,11 @@ class Recipe:
     kernels: str = "none"
     """fasttrain's fused kernels where a model has a fused path: none | fused."""
     fp8: str = "none"
-    """none | linear: the linear layers of the trainable repeated blocks multiply in float8
-    (e4m3 forward, e5m2 gradients, per-tensor dynamic scales); needs bf16 precision and, on
-    CUDA, an sm89+ GPU. Heads and embeddings stay in bf16."""
+    """none | large | linear: the linear layers of the trainable repeated blocks multiply in
+    float8 (e4m3 forward, e5m2 gradients, per-tensor dynamic scales) — all of them (linear) or
+    only those of at least 2²⁴ weights (large: where float8 beats bf16 on an H200, see
+    kernels/fp8_linear.py). Needs bf16 precision and, on CUDA, an sm89+ GPU. Heads and
+    embeddings stay in bf16."""
     allocator: str = "default"
     """CUDA caching allocator: default | expandable (expandable_segments; set before CUDA starts)."""
     accumulation: int = 1

@@ -80,23 +80,27 @@ def has_fused_layers(workload: Workload) -> bool:
         return bool(fused_layers(workload.build_model()))
 
 
-def has_fp8_layers(workload: Workload) -> bool:
-    """Does the model have linear layers the fp8 switch would convert (built on meta)?"""
+def has_fp8_layers(workload: Workload, mode: str) -> bool:
+    """Does the model have linear layers that ``fp8=mode`` would convert (built on meta)?"""
     import torch
 
     from ..techniques.fp8 import fp8_targets
 
     with torch.device("meta"):
         model = workload.build_model()  # frozen parts (SD's encoders) are left out
-        return bool(fp8_targets(workload.regional_blocks(model))[0])
+        return bool(fp8_targets(workload.regional_blocks(model), mode)[0])
 
 
 def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     """The switches whose gain depends on the model and the device, in the order the ``fast``
     search tries them: (label, recipe field, value tried)."""
     axes: list[tuple[str, str, Any]] = [("graphs", "cuda_graphs", True)]
-    if has_fp8_layers(workload):
+    if has_fp8_layers(workload, "large"):
+        axes.append(("fp8 large", "fp8", "large"))
+    if has_fp8_layers(workload, "linear"):
         axes.append(("fp8", "fp8", "linear"))
+    if "math" in getattr(workload, "attention_candidates", ()):
+        axes.append(("math attention", "attention", "math"))
     if has_fused_layers(workload):
         axes.append(("kernels", "kernels", "fused"))
     if getattr(workload, "prefers_channels_last", False):
@@ -107,7 +111,9 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
 class FastSearch:
     """The ``fast`` preset's greedy search. It starts from the default ladder's recipe up to
     compile (every PyTorch technique that always helps), then tries one switch at a time on top
-    of the best recipe so far — CUDA graphs, fp8, fasttrain's kernels, NHWC off — and keeps a
+    of the best recipe so far — CUDA graphs, fp8 (large layers, then all), math attention where
+    the workload's attention is small enough for compile's fused softmax (Swin's 49-token
+    windows), fasttrain's kernels, NHWC off — and keeps a
     switch only when its rung passed parity and measured faster. One rung per switch instead of
     every combination: n + 1 rungs, not 2ⁿ."""
 

@@ -18,20 +18,22 @@ from collections import Counter
 import torch
 from torch import nn
 
-from ..kernels.fp8_linear import ALIGN, Float8Linear
+from ..kernels.fp8_linear import ALIGN, LARGE, Float8Linear
 from .base import Technique, TrainState
 
 
-def fp8_targets(blocks: list[nn.Module]) -> tuple[list[nn.Linear], int]:
+def fp8_targets(blocks: list[nn.Module], mode: str = "linear") -> tuple[list[nn.Linear], int]:
     """Plain ``nn.Linear`` layers with trainable weights inside ``blocks`` whose widths are
-    multiples of 16; and how many other linear layers were left out for their widths."""
+    multiples of 16 (and, for ``mode='large'``, that hold at least 2²⁴ weights); and how many
+    other linear layers were left out for their widths or size."""
     chosen, unaligned, seen = [], 0, set()
     for block in blocks:
         for m in block.modules():
             if type(m) is not nn.Linear or id(m) in seen or not m.weight.requires_grad:
                 continue
             seen.add(id(m))
-            if m.in_features % ALIGN or m.out_features % ALIGN:
+            small = mode == "large" and m.in_features * m.out_features < LARGE
+            if m.in_features % ALIGN or m.out_features % ALIGN or small:
                 unaligned += 1
             else:
                 chosen.append(m)
@@ -44,17 +46,20 @@ def apply(state: TrainState) -> str | None:
         state.warn("fp8", f"{name} has no float8 tensor cores (needs compute capability 8.9+); "
                           "the linear layers stay in bf16")
         return None
-    layers, unaligned = fp8_targets(state.workload.regional_blocks(state.model))
+    mode = state.recipe.fp8
+    layers, unaligned = fp8_targets(state.workload.regional_blocks(state.model), mode)
     if not layers:
-        state.warn("fp8", "no trainable nn.Linear with widths divisible by 16 in the repeated "
-                          "blocks; fp8 changes nothing")
+        size = " and at least 2^24 weights" if mode == "large" else ""
+        state.warn("fp8", f"no trainable nn.Linear with widths divisible by 16{size} in the "
+                          "repeated blocks; fp8 changes nothing")
         return None
     for m in layers:
         m.__class__ = Float8Linear  # same parameters, hooks and state-dict keys
     shapes = Counter(f"{m.in_features}→{m.out_features}" for m in layers)
     listing = ", ".join(f"{s} ×{n}" for s, n in shapes.most_common(4))
     more = f", {len(shapes) - 4} more shapes" if len(shapes) > 4 else ""
-    kept = f"; {unaligned} kept in bf16 (widths not divisible by 16)" if unaligned else ""
+    why = "smaller than 2^24 weights or " if mode == "large" else ""
+    kept = f"; {unaligned} kept in bf16 ({why}widths not divisible by 16)" if unaligned else ""
     where = "" if state.cuda else " (CPU: torch's reference float8 kernel)"
     return (f"{len(layers)} linear layers in float8{where}: {listing}{more}{kept}; calls "
             "whose token count is not divisible by 16 run in bf16")

@@ -35,6 +35,8 @@ class Workload:
     # the loop counts once instead of syncing every step. SimpleWorkload counts every step.
     constant_count: bool = True
     compile_scope: str = "model"  # what the ladder's compile rung compiles: model | regional
+    # attention backends besides the ladder's "auto" that the fast preset search should measure
+    attention_candidates: tuple[str, ...] = ()
     # Fields whose length varies between items, with their pad values (e.g. token ids 0, labels
     # -100): such batches are padded on the right (see the pad_multiple switch).
     pad_fields: Mapping[str, int] = MappingProxyType({})
