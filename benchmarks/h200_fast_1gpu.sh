@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One H200: the fp8 linear microbenchmark, then the fast preset search (greedy, one rung per
+# One H200: optionally a microbenchmark (MICRO), then the fast preset search (greedy, one rung per
 # switch) with the peer in the same run, for the workloads named in WORKLOADS (default
 # "llama vit"); each search's rows and preset land under $OUT. LANE_BUDGET bounds the whole call.
 . "$(dirname "$0")/lanes.sh"
 L="python3 -m fasttrain ladder --out $OUT --warmup 3 --rungs fast --peer --size base"
-cmds=("python3 benchmarks/kernels_micro.py --only ${MICRO:-fp8} --out $OUT/kernels-micro-${MICRO:-fp8}.jsonl")
+cmds=()  # MICRO=fp8 (or another group of kernels_micro.py) runs that microbenchmark first
+[ -n "${MICRO:-}" ] && cmds+=("python3 benchmarks/kernels_micro.py --only $MICRO --out $OUT/kernels-micro-$MICRO.jsonl")
 for w in ${WORKLOADS:-llama vit}; do cmds+=("$L $w"); done
 lane 0 0-15 "${cmds[@]}"
 finish_lanes

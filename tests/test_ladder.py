@@ -156,14 +156,16 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
 
     axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
             for w in ("vit", "sd", "llama", "swin")}
-    assert axes["vit"] == ["graphs", "fp8"]
-    assert axes["sd"] == ["graphs", "fp8", "no NHWC"]  # a conv model; encoders frozen
-    assert axes["swin"] == ["graphs", "fp8", "math attention"]  # 49-token windows
-    # tiny llama has no layer of 2^24 weights; base has (the MLPs)
-    assert axes["llama"] == ["graphs", "fp8", "kernels"]  # a layer with a fused kernel
+    assert axes["vit"] == ["graphs"]
+    assert axes["sd"] == ["graphs", "no NHWC"]  # a conv model
+    assert axes["swin"] == ["graphs", "math attention"]  # 49-token windows
+    # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
+    assert axes["llama"] == ["graphs", "kernels"]  # a layer with a fused kernel
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
     assert big == ["graphs", "fp8 large", "fp8", "kernels"]
     search = FastSearch(load_workload("sd", "tiny"), Recipe())
+    search.axes.insert(1, ("fp8", "fp8", "linear"))
+    search.axes.insert(2, ("fp8 large", "fp8", "large"))
     rung, rec = search.first()
     assert (rung.name, rec.compile, rec.cuda_graphs, rec.channels_last, rec.ema,
             rec.precision) == ("fast: compile", "regional", False, True, "side-stream",
@@ -174,13 +176,16 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     # graphs won: fp8 is tried on top of it
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.0}, rec)
     assert rung.name == "fast: compile + graphs + fp8" and rec.cuda_graphs and rec.fp8 == "linear"
-    # fp8 failed parity: NHWC off is tried on the graphs recipe, without fp8
+    # fp8 won: fp8=large replaces it in the name and the recipe
+    rung, rec = search.next({**ok, "rung": rung.name, "throughput": 13.0}, rec)
+    assert rung.name == "fast: compile + graphs + fp8 large" and rec.fp8 == "large"
+    # fp8=large failed parity: NHWC off is tried on the graphs + fp8 recipe
     rung, rec = search.next({"rung": rung.name, "throughput": 20.0,
                              "parity": {"passed": False}}, rec)
-    assert rung.name == "fast: compile + graphs + no NHWC"
-    assert (rec.cuda_graphs, rec.fp8, rec.channels_last) == (True, "none", False)
+    assert rung.name == "fast: compile + graphs + fp8 + no NHWC"
+    assert (rec.cuda_graphs, rec.fp8, rec.channels_last) == (True, "linear", False)
     assert search.next({**ok, "rung": rung.name, "throughput": 11.0}, rec) is None
-    assert search.best["rung"] == "fast: compile + graphs"
+    assert search.best["rung"] == "fast: compile + graphs + fp8"
     rows = [{"rung": "fast: a", "throughput": 9.0, "parity": {"passed": False}},
             {"rung": "fast: b", "throughput": 5.0, "parity": {"passed": True}},
             {"rung": "fast: c", "skipped": "needs CUDA", "parity": None},
@@ -201,9 +206,9 @@ def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
     verdict = [r for r in rows if r["kind"] == "fast"]
     names = [r["rung"] for r in rows if r["kind"] == "ladder"]
     # one rung per switch, each on top of the best so far; graphs need CUDA (skipped)
-    assert names == ["fp32", "fast: compile", "fast: compile + graphs", "fast: compile + fp8"]
+    assert names == ["fp32", "fast: compile", "fast: compile + graphs"]
     assert next(r for r in rows if r["rung"] == "fast: compile + graphs")["skipped"]
-    assert len(verdict) == 1 and verdict[0]["rung"] in ("fast: compile", "fast: compile + fp8")
+    assert len(verdict) == 1 and verdict[0]["rung"] == "fast: compile"
     chosen = next(r for r in rows if r["rung"] == verdict[0]["rung"] and r["kind"] == "ladder")
     assert load_toml(tmp_path / "fast-vit-tiny.toml").to_dict() == chosen["recipe"]
     assert f"fast preset: '{verdict[0]['rung']}'" in markdown_table(rows)

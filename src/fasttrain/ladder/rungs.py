@@ -95,10 +95,11 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     """The switches whose gain depends on the model and the device, in the order the ``fast``
     search tries them: (label, recipe field, value tried)."""
     axes: list[tuple[str, str, Any]] = [("graphs", "cuda_graphs", True)]
+    # float8 only pays on large layers (kernels-micro-fp8-20261121-0549: slower below 2^24
+    # weights); where the model has some, all layers in fp8 are tried next, since compile
+    # fuses the casts of the small ones into their neighbours (ladder-llama-base-...-060458)
     if has_fp8_layers(workload, "large"):
-        axes.append(("fp8 large", "fp8", "large"))
-    if has_fp8_layers(workload, "linear"):
-        axes.append(("fp8", "fp8", "linear"))
+        axes += [("fp8 large", "fp8", "large"), ("fp8", "fp8", "linear")]
     if "math" in getattr(workload, "attention_candidates", ()):
         axes.append(("math attention", "attention", "math"))
     if has_fused_layers(workload):
@@ -119,11 +120,18 @@ class FastSearch:
 
     def __init__(self, workload: Workload, base: Recipe):
         ladder = dict((r.name, rec) for r, rec in build_ladder(workload, None, base))
-        self.recipe, self.label = ladder["compile"], "compile"
+        self.recipe = ladder["compile"]
+        self.parts: dict[str, str] = {}  # switch → label, of the best recipe so far
         self.axes = fast_axes(workload)
         self.best: dict | None = None
+        self._pending: dict[str, str] = {}
+
+    @staticmethod
+    def _name(parts: dict[str, str]) -> str:
+        return "fast: " + " + ".join(["compile", *parts.values()])
 
     def first(self) -> tuple[Rung, Recipe]:
+        self._pending = {}
         return Rung("fast: compile", {}, "fast preset search: the default ladder up to "
                     "compile"), self.recipe
 
@@ -132,13 +140,14 @@ class FastSearch:
         ok = not row.get("error") and not row.get("skipped") and \
             (row.get("parity") or {}).get("passed")
         if ok and (self.best is None or row["throughput"] > self.best["throughput"]):
-            self.best, self.recipe = row, recipe
-            self.label = row["rung"].removeprefix("fast: ")
+            self.best, self.recipe, self.parts = row, recipe, self._pending
         if not self.axes:
             return None
         label, key, value = self.axes.pop(0)
-        return (Rung(f"fast: {self.label} + {label}", {key: value},
-                     f"fast preset search: the best so far ({self.label}) with {key}={value}"),
+        self._pending = {**self.parts, key: label}  # a later value of a switch replaces it
+        best = self._name(self.parts).removeprefix("fast: ")
+        return (Rung(self._name(self._pending), {key: value},
+                     f"fast preset search: the best so far ({best}) with {key}={value}"),
                 self.recipe.replace(**{key: value}))
 
 
