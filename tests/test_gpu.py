@@ -142,3 +142,28 @@ def test_fused_linear_cross_entropy_on_cuda_matches_the_reference():
         results.append([loss.detach(), h.grad.float(), w.grad])
     for got, want in zip(*results):  # both round their GEMM outputs to bf16, in other orders
         torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-2 * float(want.abs().max()))
+
+
+def test_fp8_linear_on_cuda_matches_its_emulation_eager_and_compiled():
+    from fasttrain.kernels.fp8_linear import E4M3, E5M2, fp8_linear, to_fp8
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 tensor cores need compute capability 8.9+")
+    torch.manual_seed(0)
+    x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(384, 256, device="cuda", requires_grad=True)
+    g = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+
+    def deq(t, dtype):
+        t8, inv = to_fp8(t, dtype)
+        return t8.float() * inv
+
+    xq, wq, gq = deq(x.detach(), E4M3), deq(w.detach(), E4M3), deq(g, E5M2)
+    for fn in (fp8_linear, torch.compile(fp8_linear)):
+        x.grad = w.grad = None
+        y = fn(x, w)
+        y.backward(g)
+        close = dict(rtol=2e-2, atol=2e-1)
+        torch.testing.assert_close(y.float(), xq @ wq.t(), **close)
+        torch.testing.assert_close(x.grad.float(), gq @ wq, **close)
+        torch.testing.assert_close(w.grad, gq.t() @ xq, **close)
