@@ -156,9 +156,9 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
 
     axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
             for w in ("vit", "sd", "llama", "swin")}
-    assert axes["vit"] == ["graphs"]
+    assert axes["vit"] == ["graphs", "kernels"]  # the patch embedding as a GEMM
     assert axes["sd"] == ["graphs", "no NHWC"]  # a conv model
-    assert axes["swin"] == ["graphs", "math attention"]  # 49-token windows
+    assert axes["swin"] == ["graphs", "math attention", "kernels"]  # 49-token windows
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
     assert axes["llama"] == ["graphs", "kernels"]  # a layer with a fused kernel
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
@@ -206,9 +206,9 @@ def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
     verdict = [r for r in rows if r["kind"] == "fast"]
     names = [r["rung"] for r in rows if r["kind"] == "ladder"]
     # one rung per switch, each on top of the best so far; graphs need CUDA (skipped)
-    assert names == ["fp32", "fast: compile", "fast: compile + graphs"]
+    assert names == ["fp32", "fast: compile", "fast: compile + graphs", "fast: compile + kernels"]
     assert next(r for r in rows if r["rung"] == "fast: compile + graphs")["skipped"]
-    assert len(verdict) == 1 and verdict[0]["rung"] == "fast: compile"
+    assert len(verdict) == 1 and verdict[0]["rung"] in ("fast: compile", "fast: compile + kernels")
     chosen = next(r for r in rows if r["rung"] == verdict[0]["rung"] and r["kind"] == "ladder")
     assert load_toml(tmp_path / "fast-vit-tiny.toml").to_dict() == chosen["recipe"]
     assert f"fast preset: '{verdict[0]['rung']}'" in markdown_table(rows)

@@ -167,3 +167,23 @@ def test_attention_bias_reaches_sdpa_with_a_unit_last_stride(monkeypatch):
     batch = wl.collate([wl.dataset()[i] for i in range(2)])
     model(**batch)
     assert seen and all(s == 1 for s in seen)
+
+
+def test_patch_embedding_as_a_gemm_equals_the_convolution():
+    from fasttrain.layers.patch import PatchEmbed
+
+    torch.manual_seed(0)
+    embed = PatchEmbed(3, 32, 4)
+    x = torch.randn(2, 3, 16, 12)
+    conv = embed.tokens(x)
+    assert embed.use_fused(True) == ["4x4 patch embedding as one GEMM"]
+    gemm = embed.tokens(x)
+    assert gemm.shape == (2, 4, 3, 32)
+    torch.testing.assert_close(gemm, conv, rtol=1e-5, atol=1e-5)
+    conv.sum().backward()
+    w_conv = embed.weight.grad.clone()
+    embed.weight.grad = None
+    embed.tokens(x).sum().backward()
+    torch.testing.assert_close(embed.weight.grad, w_conv, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="does not tile by 4x4"):
+        embed.tokens(torch.randn(1, 3, 10, 8))

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..layers.attention import attention
 from ..layers.mlp import Mlp
+from ..layers.patch import PatchEmbed
 from .base import Workload
 from .data import ImageFiles, classification_images, normalize_images
 
@@ -183,7 +184,7 @@ class Swin(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.channels_last = False  # set by the channels_last technique
-        self.patch_embed = nn.Conv2d(3, cfg.dim, cfg.patch, cfg.patch)
+        self.patch_embed = PatchEmbed(3, cfg.dim, cfg.patch)
         self.patch_norm = nn.LayerNorm(cfg.dim)
         res, dim, stages = cfg.image // cfg.patch, cfg.dim, []
         for i, (depth, heads) in enumerate(zip(cfg.depths, cfg.heads)):
@@ -200,7 +201,7 @@ class Swin(nn.Module):
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         x = normalize_images(images, self.patch_embed.weight.dtype, self.channels_last)
-        x = self.patch_norm(self.patch_embed(x).permute(0, 2, 3, 1))  # (B, H, W, C)
+        x = self.patch_norm(self.patch_embed.tokens(x))  # (B, H, W, C)
         x = self.norm(self.stages(x))
         return x.mean(dim=(1, 2))  # (B, C)
 

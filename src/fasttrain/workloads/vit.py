@@ -14,6 +14,7 @@ from torch import nn
 
 from ..layers.attention import attention
 from ..layers.mlp import Mlp
+from ..layers.patch import PatchEmbed
 from .base import Workload
 from .data import ImageFiles, classification_images, normalize_images
 
@@ -74,7 +75,7 @@ class ViT(nn.Module):
         self.cfg, self.pool, self.batch_second = cfg, pool, batch_second
         self.channels_last = False  # set by the channels_last technique
         tokens = (cfg.image // cfg.patch) ** 2 + (1 if pool == "cls" else 0)
-        self.patch_embed = nn.Conv2d(3, cfg.dim, cfg.patch, cfg.patch)
+        self.patch_embed = PatchEmbed(3, cfg.dim, cfg.patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if pool == "cls" else None
         self.pos_embed = nn.Parameter(torch.randn(1, tokens, cfg.dim) * 0.02)
         self.blocks = nn.ModuleList(Block(cfg, batch_second) for _ in range(cfg.depth))
@@ -83,7 +84,7 @@ class ViT(nn.Module):
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         x = normalize_images(images, self.patch_embed.weight.dtype, self.channels_last)
-        x = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, N, C)
+        x = self.patch_embed.tokens(x).flatten(1, 2)  # (B, N, C)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = x + self.pos_embed
