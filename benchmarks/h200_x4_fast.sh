@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Next 4 x H200 call (not yet run): the fast preset search for the four workloads, one lane
-# each, every search with the peer in the same run on the same GPU (issue 6's comparison).
+# The fast preset search for the four workloads on a 4 x H200 machine, one lane each, every
+# search with the peer in the same run on the same GPU. Not run: the same searches ran one after
+# another on one H200 with h200_fast_1gpu.sh (rows ladder-*-20261121-05*/06*).
 . "$(dirname "$0")/lanes.sh"
 L="python3 -m fasttrain ladder --out $OUT --warmup 3 --rungs fast --peer --size base"
 lane 0 0-15 "$L sd"
