@@ -37,6 +37,16 @@ def _bench(fn, args) -> tuple[float, float]:
     return do_bench(step, warmup=5, rep=50, return_mode="median"), peak
 
 
+def _row(env: dict, kernel: str, variant: str, shape: dict, dtype: str, ms: float, peak: float,
+         rate: tuple[str, float]) -> dict:
+    """One result row, printed as it is made; ``rate`` is ("tflops" | "gb_per_s", value)."""
+    unit = "TFLOP/s" if rate[0] == "tflops" else "GB/s"
+    print(f"{kernel} {' x '.join(str(v) for v in shape.values())} {variant:24s} {ms:8.3f} ms "
+          f"{rate[1]:7.1f} {unit}  peak {peak:6.2f} GiB", flush=True)
+    return {"kind": "kernel-micro", "kernel": kernel, "variant": variant, "shape": shape,
+            "dtype": dtype, "ms": ms, rate[0]: rate[1], "peak_gib": peak, "env": env}
+
+
 def linear_ce_rows(env: dict) -> list[dict]:
     from fasttrain.kernels.linear_cross_entropy import (linear_cross_entropy,
                                                         linear_cross_entropy_reference)
@@ -60,12 +70,9 @@ def linear_ce_rows(env: dict) -> list[dict]:
                     "fused (chunks of 2048)": autocast(linear_cross_entropy)}
         for name, fn in variants.items():
             ms, peak = _bench(fn, (h, w))
-            rows.append({"kind": "kernel-micro", "kernel": "linear_cross_entropy",
-                         "variant": name, "shape": {"tokens": tokens, "dim": dim, "vocab": vocab},
-                         "dtype": "bf16 autocast, fp32 weight", "ms": ms,
-                         "tflops": flops / ms / 1e9, "peak_gib": peak, "env": env})
-            print(f"linear_ce {tokens}x{dim}x{vocab} {name:24s} {ms:8.3f} ms "
-                  f"{flops / ms / 1e9:6.1f} TFLOP/s  peak {peak:6.2f} GiB", flush=True)
+            rows.append(_row(env, "linear_cross_entropy", name,
+                             {"tokens": tokens, "dim": dim, "vocab": vocab},
+                             "bf16 autocast, fp32 weight", ms, peak, ("tflops", flops / ms / 1e9)))
     return rows
 
 
@@ -96,12 +103,9 @@ def norm_rows(env: dict) -> list[dict]:
                     "triton fused": call(getattr(norms, kernel))}
         for name, fn in variants.items():
             ms, peak = _bench(fn, (x, r, w, b))
-            rows.append({"kind": "kernel-micro", "kernel": f"add+{kernel}", "variant": name,
-                         "shape": {"rows": n, "dim": d, "model": where},
-                         "dtype": "bf16 activations, fp32 weight", "ms": ms,
-                         "gb_per_s": moved / ms / 1e6, "peak_gib": peak, "env": env})
-            print(f"add+{kernel} {where:15s} {name:20s} {ms:8.3f} ms {moved / ms / 1e6:7.0f} GB/s"
-                  f"  peak {peak:6.2f} GiB", flush=True)
+            rows.append(_row(env, f"add+{kernel}", name, {"rows": n, "dim": d, "model": where},
+                             "bf16 activations, fp32 weight", ms, peak,
+                             ("gb_per_s", moved / ms / 1e6)))
     return rows
 
 
@@ -137,12 +141,8 @@ def fp8_rows(env: dict) -> list[dict]:
                     "fp8 compiled": torch.compile(call(fp8)), "fp8 eager": call(fp8)}
         for name, fn in variants.items():
             ms, peak = _bench(fn, (x,))
-            rows.append({"kind": "kernel-micro", "kernel": "linear", "variant": name,
-                         "shape": {"tokens": m, "in": k, "out": n, "model": where},
-                         "dtype": "bf16 autocast, fp32 weight", "ms": ms,
-                         "tflops": flops / ms / 1e9, "peak_gib": peak, "env": env})
-            print(f"linear {where:17s} {m}x{k}x{n} {name:14s} {ms:8.3f} ms "
-                  f"{flops / ms / 1e9:6.1f} TFLOP/s  peak {peak:6.2f} GiB", flush=True)
+            rows.append(_row(env, "linear", name, {"tokens": m, "in": k, "out": n, "model": where},
+                             "bf16 autocast, fp32 weight", ms, peak, ("tflops", flops / ms / 1e9)))
     return rows
 
 

@@ -137,6 +137,22 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
         raise FasttrainError(f"recipe: {name}={value!r} is not one of {', '.join(allowed)}")
 
 
+def _validate_graphs(r: Recipe) -> None:
+    """What a whole-step CUDA graph cannot capture."""
+    if r.offload != "none" or r.master_weights or r.schedule != "constant":
+        raise FasttrainError("recipe: cuda_graphs captures a device-only step with a constant "
+                             "lr; turn off offload, master_weights and schedule")
+    if r.precision == "fp16-mixed":
+        raise FasttrainError("recipe: cuda_graphs cannot capture fp16-mixed (GradScaler syncs "
+                             "with the host); use bf16-mixed")
+    if r.accumulation != 1:
+        raise FasttrainError("recipe: cuda_graphs captures one micro-batch per step; "
+                             "set accumulation=1")
+    if r.compile_mode in ("reduce-overhead", "max-autotune"):
+        raise FasttrainError(f"recipe: cuda_graphs with compile_mode={r.compile_mode} would "
+                             "capture graphs twice; use default or max-autotune-no-cudagraphs")
+
+
 def validate(r: Recipe) -> None:
     """One-line errors for values and combinations that cannot work."""
     _choice("precision", r.precision, PRECISIONS)
@@ -158,9 +174,6 @@ def validate(r: Recipe) -> None:
     if r.master_weights and r.precision != "bf16-true":
         raise FasttrainError("recipe: master_weights needs precision=bf16-true (mixed precision "
                              "already keeps fp32 weights)")
-    if r.cuda_graphs and (r.offload != "none" or r.master_weights or r.schedule != "constant"):
-        raise FasttrainError("recipe: cuda_graphs captures a device-only step with a constant "
-                             "lr; turn off offload, master_weights and schedule")
     _choice("sharding", r.sharding, SHARDING)
     if r.offload == "params" and r.sharding not in ("zero2", "zero3"):
         raise FasttrainError("recipe: offload=params is FSDP2's CPU offload; use sharding=zero2 "
@@ -189,15 +202,8 @@ def validate(r: Recipe) -> None:
         raise FasttrainError("recipe: prefetch_factor must be >= 1")
     if r.pad_multiple < 0:
         raise FasttrainError("recipe: pad_multiple must be >= 0 (0 pads to the longest item)")
-    if r.cuda_graphs and r.precision == "fp16-mixed":
-        raise FasttrainError("recipe: cuda_graphs cannot capture fp16-mixed (GradScaler syncs "
-                             "with the host); use bf16-mixed")
-    if r.cuda_graphs and r.accumulation != 1:
-        raise FasttrainError("recipe: cuda_graphs captures one micro-batch per step; "
-                             "set accumulation=1")
-    if r.cuda_graphs and r.compile_mode in ("reduce-overhead", "max-autotune"):
-        raise FasttrainError(f"recipe: cuda_graphs with compile_mode={r.compile_mode} would "
-                             "capture graphs twice; use default or max-autotune-no-cudagraphs")
+    if r.cuda_graphs:
+        _validate_graphs(r)
 
 
 def _coerce(name: str, raw: Any, kind: type) -> Any:

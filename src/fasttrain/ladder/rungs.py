@@ -70,43 +70,38 @@ def memory_rungs(workload: Workload) -> list[Rung]:
     ]
 
 
-def has_fused_layers(workload: Workload) -> bool:
-    """Does the model have a layer with a fused kernel path (built on the meta device)?"""
-    import torch
-
-    from ..techniques.kernels import fused_layers
-
-    with torch.device("meta"):
-        return bool(fused_layers(workload.build_model()))
-
-
-def has_fp8_layers(workload: Workload, mode: str) -> bool:
-    """Does the model have linear layers that ``fp8=mode`` would convert (built on meta)?"""
+def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
+    """The switches whose gain depends on the model and the device, in the order the ``fast``
+    search tries them: (label, recipe field, value tried). The model is built once, on the meta
+    device, to see which layers it has."""
     import torch
 
     from ..techniques.fp8 import fp8_targets
+    from ..techniques.kernels import fused_layers
 
     with torch.device("meta"):
-        model = workload.build_model()  # frozen parts (SD's encoders) are left out
-        return bool(fp8_targets(workload.regional_blocks(model), mode)[0])
-
-
-def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
-    """The switches whose gain depends on the model and the device, in the order the ``fast``
-    search tries them: (label, recipe field, value tried)."""
+        model = workload.build_model()
     axes: list[tuple[str, str, Any]] = [("graphs", "cuda_graphs", True)]
     # float8 only pays on large layers (kernels-micro-fp8-20261121-0549: slower below 2^24
     # weights); where the model has some, all layers in fp8 are tried next, since compile
-    # fuses the casts of the small ones into their neighbours (ladder-llama-base-...-060458)
-    if has_fp8_layers(workload, "large"):
+    # fuses the casts of the small ones into their neighbours (ladder-llama-base-...-060458).
+    # Frozen parts (SD's encoders) are never converted.
+    if fp8_targets(workload.regional_blocks(model), "large")[0]:
         axes += [("fp8 large", "fp8", "large"), ("fp8", "fp8", "linear")]
     if "math" in getattr(workload, "attention_candidates", ()):
         axes.append(("math attention", "attention", "math"))
-    if has_fused_layers(workload):
+    if fused_layers(model):
         axes.append(("kernels", "kernels", "fused"))
     if getattr(workload, "prefers_channels_last", False):
         axes.append(("no NHWC", "channels_last", False))
     return axes
+
+
+def fast_start(workload: Workload, base: Recipe) -> tuple[Rung, Recipe]:
+    """The fast search's first candidate: the default ladder's recipe up to compile."""
+    recipe = dict((r.name, rec) for r, rec in build_ladder(workload, None, base))["compile"]
+    return Rung("fast: compile", {}, "fast preset search: the default ladder up to compile"), \
+        recipe
 
 
 class FastSearch:
@@ -119,21 +114,19 @@ class FastSearch:
     every combination: n + 1 rungs, not 2ⁿ."""
 
     def __init__(self, workload: Workload, base: Recipe):
-        ladder = dict((r.name, rec) for r, rec in build_ladder(workload, None, base))
-        self.recipe = ladder["compile"]
+        self.start = fast_start(workload, base)
+        self.recipe = self.start[1]
         self.parts: dict[str, str] = {}  # switch → label, of the best recipe so far
+        self._pending: dict[str, str] = {}  # the same, of the candidate being measured
         self.axes = fast_axes(workload)
         self.best: dict | None = None
-        self._pending: dict[str, str] = {}
 
     @staticmethod
     def _name(parts: dict[str, str]) -> str:
         return "fast: " + " + ".join(["compile", *parts.values()])
 
     def first(self) -> tuple[Rung, Recipe]:
-        self._pending = {}
-        return Rung("fast: compile", {}, "fast preset search: the default ladder up to "
-                    "compile"), self.recipe
+        return self.start
 
     def next(self, row: dict, recipe: Recipe) -> tuple[Rung, Recipe] | None:
         """Take the result of the last candidate; the next candidate, or None when done."""
@@ -170,7 +163,7 @@ def build_ladder(workload: Workload, names: list[str] | None, base: Recipe) -> l
         return []
     if names == ["fast"]:  # the fp32 parity base and the search's first candidate
         first = rungs[0]
-        return [(first, base.replace(**first.changes)), FastSearch(workload, base).first()]
+        return [(first, base.replace(**first.changes)), fast_start(workload, base)]
     if names == ["memory"]:
         rungs = memory_rungs(workload)
     elif names and names != ["default"]:
