@@ -1,8 +1,11 @@
 """Microbenchmarks of fasttrain's kernels against eager PyTorch and torch.compile of the
 reference, forward + backward, on one CUDA device. One JSONL row per (kernel, shape, variant)
 with the time (median of triton.testing.do_bench, forward + backward; the norms' loss sums y and
-h, so the sums' own kernels are in every variant), the achieved TFLOP/s or GB/s against the
-device's ceilings (H200: ~800 TFLOP/s bf16 matmul, 4.2 TB/s copy) and the peak memory.
+h, so the sums' own kernels are in every variant, while the activations and rope groups
+backpropagate fixed cotangents from their outputs, so only the op's own kernels are timed), the
+achieved TFLOP/s or GB/s against the device's ceilings (H200: ~800 TFLOP/s bf16 matmul,
+4.2 TB/s copy) and the peak memory. GB/s counts the bytes of the minimal reads and writes of
+forward + backward.
 
     PYTHONPATH=src python3 benchmarks/kernels_micro.py --out $OUT/kernels-micro.jsonl
 """
@@ -17,15 +20,20 @@ import torch
 from fasttrain.env import environment
 
 
-def _bench(fn, args) -> tuple[float, float]:
-    """(ms per forward+backward, peak GiB above the inputs)."""
+def _bench(fn, args, grads=None) -> tuple[float, float]:
+    """(ms per forward+backward, peak GiB above the inputs). ``fn`` returns a scalar loss, or
+    with ``grads`` the output tensor(s) that these cotangents are backpropagated from."""
     from triton.testing import do_bench
 
     def step():
         for a in args:
             if a.requires_grad:
                 a.grad = None
-        fn(*args).backward()
+        out = fn(*args)
+        if grads is None:
+            out.backward()
+        else:
+            torch.autograd.backward(out, grads)
 
     step()
     torch.cuda.synchronize()
@@ -146,7 +154,137 @@ def fp8_rows(env: dict) -> list[dict]:
     return rows
 
 
-GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows}
+def activation_rows(env: dict) -> list[dict]:
+    """bias + GELU (ViT-B, Swin-B fc1; bf16 activations, fp32 bias) and SwiGLU (Llama-1B),
+    each from a fixed cotangent of its output."""
+    import torch.nn.functional as F
+
+    from fasttrain.kernels import activations as act
+
+    rows = []
+    for where, n, d in [("vit-B fc1", 128 * 197, 3072), ("swin-B stage 3 fc1", 64 * 196, 2048)]:
+        x = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b = (0.1 * torch.randn(d, device="cuda")).requires_grad_()
+        dy = torch.randn(n, d, device="cuda", dtype=torch.bfloat16)
+        moved = 5 * n * d * 2 + 2 * d * 4  # fwd: read x, write y — bwd: read dy, x; write dx
+
+        torch._dynamo.reset()
+        variants = {"eager reference": act.bias_gelu_reference,
+                    "eager bf16 (model's math)": lambda x, b: F.gelu(x + b.to(x.dtype)),
+                    "compiled reference": torch.compile(act.bias_gelu_reference),
+                    "triton fused": act.bias_gelu}
+        for name, fn in variants.items():
+            ms, peak = _bench(fn, (x, b), (dy,))
+            rows.append(_row(env, "bias+gelu", name, {"rows": n, "dim": d, "model": where},
+                             "bf16 activations, fp32 bias", ms, peak,
+                             ("gb_per_s", moved / ms / 1e6)))
+
+    for where, n, h in [("llama-1B", 8192, 8192)]:
+        gate, up = (torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(2))
+        dy = torch.randn(n, h, device="cuda", dtype=torch.bfloat16)
+        moved = 8 * n * h * 2  # fwd: read gate, up; write y — bwd: read dy, gate, up; write 2
+
+        torch._dynamo.reset()
+        variants = {"eager reference": act.swiglu_reference,
+                    "eager bf16 (model's math)": lambda g, u: F.silu(g) * u,
+                    "compiled reference": torch.compile(act.swiglu_reference),
+                    "triton fused": act.swiglu}
+        for name, fn in variants.items():
+            ms, peak = _bench(fn, (gate, up), (dy,))
+            rows.append(_row(env, "swiglu", name, {"tokens": n, "hidden": h, "model": where},
+                             "bf16", ms, peak, ("gb_per_s", moved / ms / 1e6)))
+    return rows
+
+
+def rope_rows(env: dict) -> list[dict]:
+    """RoPE of q and k (GQA) as in the Llama attention: (B, T, H*D) projections viewed as
+    non-contiguous (B, H, T, D); bf16, fp32 cos/sin tables."""
+    from fasttrain.kernels import rope as rope_kernels
+    from fasttrain.workloads.llama import LlamaConfig, apply_rope, rope_tables
+
+    rows = []
+    for where, b, t, hq, hk, d in [("llama-1B", 4, 2048, 32, 8, 64)]:
+        cfg = LlamaConfig(dim=hq * d, heads=hq, kv_heads=hk, seq=t)
+        cos, sin = (table.cuda() for table in rope_tables(cfg))
+        q = torch.randn(b, t, hq * d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(b, t, hk * d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        grads = tuple(torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                      for h in (hq, hk))
+        elems = b * t * (hq + hk) * d
+        moved = 4 * elems * 2 + 4 * t * d * 4  # read + write q and k, forward and backward
+
+        def call(f):
+            def run(q, k):
+                return f(q.view(b, t, hq, d).transpose(1, 2), k.view(b, t, hk, d).transpose(1, 2),
+                         cos, sin)
+            return run
+
+        def model(q, k, cos, sin):
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        torch._dynamo.reset()
+        variants = {"eager reference": call(rope_kernels.rope_reference),
+                    "eager bf16 (model's apply_rope)": call(model),
+                    "compiled reference": torch.compile(call(rope_kernels.rope_reference)),
+                    "triton fused": call(rope_kernels.rope)}
+        for name, fn in variants.items():
+            ms, peak = _bench(fn, (q, k), grads)
+            rows.append(_row(env, "rope", name,
+                             {"batch": b, "seq": t, "q_heads": hq, "kv_heads": hk, "head_dim": d,
+                              "model": where},
+                             "bf16, fp32 cos/sin", ms, peak, ("gb_per_s", moved / ms / 1e6)))
+    return rows
+
+
+def window_rows(env: dict) -> list[dict]:
+    """Swin-B's window attention per stage (batch 64, 7x7 windows, shifted blocks' masks): the
+    model's plain path (SDPA with the bias materialised), eager and compiled, compile's math
+    attention (what the fast rung with math attention runs) and the Triton kernel; from the
+    qkv projection's output to the (windows, 49, C) input of the output projection."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fasttrain.kernels.window_attention import window_attention
+    from fasttrain.workloads.swin import shift_mask
+
+    def sdpa(qkv, bias, mask, heads):
+        Bw, N, C3 = qkv.shape
+        q, k, v = qkv.view(Bw, N, 3, heads, C3 // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
+        full = (bias[None] + mask[:, None]).repeat(Bw // mask.shape[0], 1, 1, 1) \
+            if mask is not None else bias[None]
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full.to(q.dtype))
+        return out.transpose(1, 2).reshape(Bw, N, C3 // 3)
+
+    def math(qkv, bias, mask, heads):
+        with sdpa_kernel(SDPBackend.MATH):
+            return sdpa(qkv, bias, mask, heads)
+
+    rows = []
+    for stage, windows, heads, dim, res in [(1, 64 * 64, 4, 128, 56), (2, 64 * 16, 8, 256, 28),
+                                            (3, 64 * 4, 16, 512, 14), (4, 64, 32, 1024, 7)]:
+        N = 49
+        qkv = torch.randn(windows, N, 3 * dim, device="cuda", dtype=torch.bfloat16,
+                          requires_grad=True)
+        bias = (0.1 * torch.randn(heads, N, N, device="cuda")).requires_grad_()
+        mask = shift_mask(res, 7, 3).cuda() if res > 7 else None
+        dy = torch.randn(windows, N, dim, device="cuda", dtype=torch.bfloat16)
+        moved = windows * N * dim * 12 * 2  # fwd: qkv in, out — bwd: qkv, out, dout in, dqkv
+        torch._dynamo.reset()
+        variants = {"eager sdpa (model's plain path)": sdpa,
+                    "compiled sdpa": torch.compile(sdpa),
+                    "compiled math attention": torch.compile(math),
+                    "triton fused": window_attention}
+        for name, fn in variants.items():
+            ms, peak = _bench(lambda q, b: fn(q, b, mask, heads), (qkv, bias), (dy,))
+            rows.append(_row(env, "window-attention", name,
+                             {"stage": stage, "windows": windows, "tokens": N, "heads": heads,
+                              "dim": dim, "shifted": mask is not None},
+                             "bf16 qkv, fp32 bias", ms, peak, ("gb_per_s", moved / ms / 1e6)))
+    return rows
+
+
+GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows,
+          "activations": activation_rows, "rope": rope_rows, "window": window_rows}
 
 
 def main() -> int:

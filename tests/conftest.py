@@ -3,6 +3,11 @@ import os
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    # No GPU: fasttrain's Triton kernels run in Triton's interpreter, in-process and in the
+    # CLI subprocesses the tests start (the variable must be set before they are imported).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path_factory, monkeypatch):

@@ -1,37 +1,19 @@
 """Fused residual add + RMSNorm / LayerNorm Triton kernels against plain-PyTorch references,
 run on CPU through the Triton interpreter: outputs and every gradient, bad input, and
 torch.compile without graph breaks (the compiled, not interpreted, path is a GPU test)."""
-import os
 import re
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET")
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or fasttrain.kernels load
-
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton")
 
-from fasttrain.kernels import norms  # noqa: E402
-from fasttrain.kernels.norms import (layer_norm, layer_norm_reference, rms_norm,  # noqa: E402
-                                     rms_norm_reference)
+from tests.interpreted import (assert_compiled_matches_eager, interpret,  # noqa: E402,F401
+                               kernels_interpreted)
 
-# Triton reads the variable when @triton.jit runs (the import above) and while interpreted
-# kernels run (the fixture below). Outside them it is restored, so that the rest of the
-# session (Inductor's own Triton kernels on a GPU, say) is not interpreted.
-if _INTERPRET is None:
-    del os.environ["TRITON_INTERPRET"]
-if not norms._INTERPRETED:
-    pytest.skip("fasttrain.kernels.norms was imported before TRITON_INTERPRET=1 was set",
-                allow_module_level=True)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpret():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITON_INTERPRET", "1")
-        yield
+with kernels_interpreted():
+    from fasttrain.kernels.norms import (layer_norm, layer_norm_reference, rms_norm,
+                                         rms_norm_reference)
 
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
@@ -126,14 +108,5 @@ def _block(x, r, w, b):
 def test_torch_compile_fullgraph_matches_eager():
     # Under TRITON_INTERPRET=1 the ops are registered as opaque custom ops (see norms.py);
     # the triton_op registration that compiled Triton uses is traced in the next test.
-    torch._dynamo.reset()
-    compiled = torch.compile(_block, backend="aot_eager", fullgraph=True)
-    leaves = [torch.randn(3, 40), torch.randn(3, 40), torch.randn(40), torch.randn(40)]
-    results = []
-    for fn in (compiled, _block):
-        args = [t.clone().requires_grad_() for t in leaves]
-        out = fn(*args)
-        out.backward()
-        results.append([out.detach(), *(a.grad for a in args)])
-    for got, want in zip(*results, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_compiled_matches_eager(
+        _block, [torch.randn(3, 40), torch.randn(3, 40), torch.randn(40), torch.randn(40)])

@@ -156,13 +156,13 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
 
     axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
             for w in ("vit", "sd", "llama", "swin")}
-    assert axes["vit"] == ["graphs", "kernels"]  # the patch embedding as a GEMM
+    assert axes["vit"] == ["graphs", "kernels patch"]  # the patch embedding as a GEMM
     assert axes["sd"] == ["graphs", "no NHWC"]  # a conv model
-    assert axes["swin"] == ["graphs", "math attention", "kernels"]  # 49-token windows
+    assert axes["swin"] == ["graphs", "math attention", "kernels window", "kernels patch"]
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
-    assert axes["llama"] == ["graphs", "kernels"]  # a layer with a fused kernel
+    assert axes["llama"] == ["graphs", "kernels loss"]  # a layer with a fused kernel
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
-    assert big == ["graphs", "fp8 large", "fp8", "kernels"]
+    assert big == ["graphs", "fp8 large", "fp8", "kernels loss"]
     search = FastSearch(load_workload("sd", "tiny"), Recipe())
     search.axes.insert(1, ("fp8", "fp8", "linear"))
     search.axes.insert(2, ("fp8 large", "fp8", "large"))
@@ -186,6 +186,16 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     assert (rec.cuda_graphs, rec.fp8, rec.channels_last) == (True, "linear", False)
     assert search.next({**ok, "rung": rung.name, "throughput": 11.0}, rec) is None
     assert search.best["rung"] == "fast: compile + graphs + fp8"
+    # kernel families add up: the second one tried keeps the first that won
+    swin = FastSearch(load_workload("swin", "tiny"), Recipe())
+    swin.axes = [a for a in swin.axes if a[1] == "kernels"]
+    rung, rec = swin.first()
+    rung, rec = swin.next({**ok, "rung": rung.name, "throughput": 10.0}, rec)
+    assert (rung.name, rec.kernels) == ("fast: compile + kernels window", "window")
+    rung, rec = swin.next({**ok, "rung": rung.name, "throughput": 11.0}, rec)
+    assert (rung.name, rec.kernels) == ("fast: compile + kernels patch,window", "patch,window")
+    assert swin.next({**ok, "rung": rung.name, "throughput": 10.5}, rec) is None
+    assert swin.best["rung"] == "fast: compile + kernels window"
     rows = [{"rung": "fast: a", "throughput": 9.0, "parity": {"passed": False}},
             {"rung": "fast: b", "throughput": 5.0, "parity": {"passed": True}},
             {"rung": "fast: c", "skipped": "needs CUDA", "parity": None},
@@ -206,9 +216,10 @@ def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
     verdict = [r for r in rows if r["kind"] == "fast"]
     names = [r["rung"] for r in rows if r["kind"] == "ladder"]
     # one rung per switch, each on top of the best so far; graphs need CUDA (skipped)
-    assert names == ["fp32", "fast: compile", "fast: compile + graphs", "fast: compile + kernels"]
+    assert names == ["fp32", "fast: compile", "fast: compile + graphs",
+                     "fast: compile + kernels patch"]
     assert next(r for r in rows if r["rung"] == "fast: compile + graphs")["skipped"]
-    assert len(verdict) == 1 and verdict[0]["rung"] in ("fast: compile", "fast: compile + kernels")
+    assert len(verdict) == 1 and verdict[0]["rung"] in ("fast: compile", "fast: compile + kernels patch")
     chosen = next(r for r in rows if r["rung"] == verdict[0]["rung"] and r["kind"] == "ladder")
     assert load_toml(tmp_path / "fast-vit-tiny.toml").to_dict() == chosen["recipe"]
     assert f"fast preset: '{verdict[0]['rung']}'" in markdown_table(rows)

@@ -19,11 +19,21 @@ def test_defaults_are_the_fp32_baseline():
     ({"nonsense": 1}, "unknown switch 'nonsense'"),
     ({"workers": "many"}, "workers expects int"),
     ({"pad_multiple": -1}, "pad_multiple must be >= 0"),
+    ({"kernels": "window,flash"}, "comma-separated list of patch, loss, window"),
 ])
 def test_bad_recipes_are_one_line_errors(changes, needle):
     with pytest.raises(FasttrainError) as err:
         Recipe().replace(**changes)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_kernel_families():
+    from fasttrain.recipe import KERNEL_FAMILIES, kernel_families
+
+    assert kernel_families("none") == frozenset()
+    assert kernel_families("fused") == frozenset(KERNEL_FAMILIES)
+    assert kernel_families(" window, patch") == {"window", "patch"}
+    assert Recipe(kernels="window,loss").kernels == "window,loss"
 
 
 def test_overrides_from_strings():

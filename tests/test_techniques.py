@@ -136,7 +136,7 @@ SMOKE = {
     "sgd-cosine": Recipe(optimizer="sgd", schedule="cosine"),
     "master-weights": Recipe(precision="bf16-true", master_weights=True),
     "padding": Recipe(pad_multiple=8),
-    "kernels": Recipe(kernels="fused"),
+    "kernels": Recipe(kernels="fused", batch=2),  # small: Triton kernels run interpreted
 }
 
 
@@ -231,7 +231,11 @@ def test_fused_kernels_keep_the_llama_losses_and_say_what_they_fused():
     plain = train(wl, Recipe(), steps=3, warmup=0, device="cpu")
     fused = train(wl, Recipe(kernels="fused"), steps=3, warmup=0, device="cpu")
     assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
-    assert "linear + cross-entropy in chunks" in fused.applied["kernels"]
+    for what in ("linear + cross-entropy in chunks", "SiLU(gate) · up", "RoPE of q and k"):
+        assert what in fused.applied["kernels"]
+    only = train(wl, Recipe(kernels="rope,patch"), steps=1, warmup=0, device="cpu")
+    assert only.applied["kernels"] == "RoPE of q and k in one Triton kernel ×2"
+    assert "kernels: llama has no patch layer" in only.warnings
     sd = train(load_workload("sd", "tiny"), Recipe(kernels="fused"), steps=1, warmup=0)
     assert any("changes nothing" in w for w in sd.warnings)
 

@@ -25,6 +25,8 @@ INIT = ("device", "host")
 ALLOCATOR = ("default", "expandable")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
 KERNELS = ("none", "fused")
+KERNEL_FAMILIES = ("patch", "loss", "window", "gelu", "swiglu", "rope")
+"""What ``kernels`` may name besides none | fused (all of them): see techniques/kernels.py."""
 FP8 = ("none", "large", "linear")
 EMA_MODES = ("auto", "none", "per-tensor", "foreach", "side-stream")
 COMPILE = ("none", "model", "regional")
@@ -102,7 +104,10 @@ class Recipe:
     """device: weights created on the target device in the target dtype | host: on the CPU in
     fp32, then moved and cast (the usual default, with its extra copies)."""
     kernels: str = "none"
-    """fasttrain's fused kernels where a model has a fused path: none | fused."""
+    """fasttrain's fused kernels where a model has a fused path: none | fused (every family) |
+    a comma-separated list of families: patch (patch embedding as one GEMM), loss (linear +
+    cross-entropy in chunks), window (Swin window attention in Triton), gelu (bias + GELU),
+    swiglu (SiLU·up), rope (rotary embedding of q and k in one kernel)."""
     fp8: str = "none"
     """none | large | linear: the linear layers of the trainable repeated blocks multiply in
     float8 (e4m3 forward, e5m2 gradients, per-tensor dynamic scales) — all of them (linear) or
@@ -137,6 +142,18 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
         raise FasttrainError(f"recipe: {name}={value!r} is not one of {', '.join(allowed)}")
 
 
+def kernel_families(value: str) -> frozenset[str]:
+    """The kernel families a ``kernels`` value switches on (none → empty, fused → all)."""
+    if value in KERNELS:
+        return frozenset(KERNEL_FAMILIES if value == "fused" else ())
+    names = [n.strip() for n in value.split(",")]
+    bad = [n for n in names if n not in KERNEL_FAMILIES]
+    if bad or not names:
+        raise FasttrainError(f"recipe: kernels={value!r} is not none, fused or a comma-separated "
+                             f"list of {', '.join(KERNEL_FAMILIES)}")
+    return frozenset(names)
+
+
 def _validate_graphs(r: Recipe) -> None:
     """What a whole-step CUDA graph cannot capture."""
     if r.offload != "none" or r.master_weights or r.schedule != "constant":
@@ -157,7 +174,7 @@ def validate(r: Recipe) -> None:
     """One-line errors for values and combinations that cannot work."""
     _choice("precision", r.precision, PRECISIONS)
     _choice("attention", r.attention, ATTENTION)
-    _choice("kernels", r.kernels, KERNELS)
+    kernel_families(r.kernels)
     _choice("fp8", r.fp8, FP8)
     if r.fp8 != "none" and r.precision not in ("bf16-mixed", "bf16-true"):
         raise FasttrainError(f"recipe: fp8={r.fp8} needs precision=bf16-mixed or bf16-true "

@@ -34,16 +34,14 @@ torch.compile
 Inputs may have any leading shape and any last dim D; each program handles one row in the
 forward (a block of rows in the backward) over ``BLOCK_D = next_power_of_2(D)`` masked lanes.
 """
-import functools
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.library import custom_op, triton_op, wrap_triton
-from triton.runtime.jit import JITFunction
+
+from ._triton import INTERPRETED, launch, op, programs_cap, sum0
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_reference", "layer_norm_reference"]
 
@@ -54,19 +52,8 @@ Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 # ----------------------------------------------------------------------------- kernels
-# Only builtins of triton.language, not its @triton.jit library (tl.sum, tl.zeros): under
-# TRITON_INTERPRET=1 the kernels then run even when triton was imported before the variable
-# was set (the library's functions are compiled-only then).
-
-@triton.jit
-def _add(a, b):
-    return a + b
-
-
-@triton.jit
-def _row_sum(v):
-    return tl.reduce(v, 0, _add)
-
+# Only builtins of triton.language and the reductions of ._triton, not triton.language's
+# @triton.jit library (tl.sum, tl.zeros): see ._triton.
 
 @triton.jit
 def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr, D, eps,
@@ -81,7 +68,7 @@ def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr, D, eps,
         h_low = h.to(h_ptr.dtype.element_ty)  # normalize h as stored, like x + residual
         tl.store(h_ptr + off, h_low, mask=mask)
         h = h_low.to(tl.float32)
-    rstd = tl.rsqrt(_row_sum(h * h) / D + eps)
+    rstd = tl.rsqrt(sum0(h * h) / D + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + off, (h * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + row, rstd)
@@ -105,7 +92,7 @@ def _rms_bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
         rstd = tl.load(rstd_ptr + row)
         xhat = h * rstd
         g = dy * w
-        dx = rstd * (g - xhat * (_row_sum(g * xhat) / D))
+        dx = rstd * (g - xhat * (sum0(g * xhat) / D))
         if HAS_DH:
             dx += tl.load(dh_ptr + off, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -126,9 +113,9 @@ def _ln_fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr,
         h_low = h.to(h_ptr.dtype.element_ty)
         tl.store(h_ptr + off, h_low, mask=mask)
         h = h_low.to(tl.float32)
-    mean = _row_sum(h) / D
+    mean = sum0(h) / D
     diff = tl.where(mask, h - mean, 0.0)
-    rstd = tl.rsqrt(_row_sum(diff * diff) / D + eps)
+    rstd = tl.rsqrt(sum0(diff * diff) / D + eps)
     y = diff * rstd * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
         y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -157,8 +144,8 @@ def _ln_bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_
         rstd = tl.load(rstd_ptr + row)
         xhat = tl.where(mask, (h - mean) * rstd, 0.0)
         g = dy * w
-        c_xhat = _row_sum(g * xhat) / D
-        c_mean = _row_sum(g) / D
+        c_xhat = sum0(g * xhat) / D
+        c_mean = sum0(g) / D
         dx = rstd * (g - c_mean - xhat * c_xhat)
         if HAS_DH:
             dx += tl.load(dh_ptr + off, mask=mask, other=0.0).to(tl.float32)
@@ -171,27 +158,8 @@ def _ln_bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_
 
 # ----------------------------------------------------------------------------- launch helpers
 
-# Under TRITON_INTERPRET=1, @triton.jit gives an interpreted function that wrap_triton hands
-# back unwrapped, so torch.compile cannot trace a triton_op through it (it would touch fake
-# tensors' data). There the ops are opaque custom ops instead, whose fake skips the launch.
-_INTERPRETED = not isinstance(_rms_fwd_kernel, JITFunction)
-
-
-def _op(name: str):
-    if not _INTERPRETED:
-        return triton_op(name, mutates_args=())
-
-    def register(fn):
-        op = custom_op(name, fn, mutates_args=())
-        op.register_fake(fn)
-        return op
-    return register
-
-
-def _launch(kernel, grid: tuple[int], *args, **meta) -> None:
-    if _INTERPRETED and any(isinstance(a, FakeTensor) for a in args):
-        return  # fake (shape-only) call of the interpreted fallback
-    wrap_triton(kernel)[grid](*args, **meta)
+_INTERPRETED = INTERPRETED  # kept for the tests that check how the module was imported
+_op, _launch = op, launch
 
 
 def _block_and_warps(d: int) -> tuple[int, int]:
@@ -199,19 +167,10 @@ def _block_and_warps(d: int) -> tuple[int, int]:
     return block, min(max(block // 256, 1), 16)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _grid_rows(device: torch.device, rows: int) -> tuple[int, int]:
     """(programs, rows per program) for the backward: a few programs per SM, each
     accumulating its dweight/dbias partial over a contiguous block of rows."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        cap = 4 * _sm_count(index)
-    else:
-        cap = 4  # the interpreter runs programs one after another
+    cap = programs_cap(device)
     per = triton.cdiv(rows, min(rows, cap)) if rows > 0 else 1
     return triton.cdiv(rows, per), per
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FasttrainError
-from ..recipe import Recipe
+from ..recipe import Recipe, kernel_families
 from ..workloads.base import Workload
 
 
@@ -70,6 +70,12 @@ def memory_rungs(workload: Workload) -> list[Rung]:
     ]
 
 
+SEARCHED_KERNELS = ("window", "patch", "loss")
+"""Kernel families the fast search tries, one rung each, in this order. The pointwise ones
+(gelu, swiglu, rope) are left out: under compile, which every fast rung has, Inductor fuses
+that work itself (kernels-micro rows, ``--only activations,rope``); they are for eager runs."""
+
+
 def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     """The switches whose gain depends on the model and the device, in the order the ``fast``
     search tries them: (label, recipe field, value tried). The model is built once, on the meta
@@ -90,8 +96,8 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
         axes += [("fp8 large", "fp8", "large"), ("fp8", "fp8", "linear")]
     if "math" in getattr(workload, "attention_candidates", ()):
         axes.append(("math attention", "attention", "math"))
-    if fused_layers(model):
-        axes.append(("kernels", "kernels", "fused"))
+    present = {m.fused_kind for m in fused_layers(model)}
+    axes += [(f"kernels {kind}", "kernels", kind) for kind in SEARCHED_KERNELS if kind in present]
     if getattr(workload, "prefers_channels_last", False):
         axes.append(("no NHWC", "channels_last", False))
     return axes
@@ -137,6 +143,9 @@ class FastSearch:
         if not self.axes:
             return None
         label, key, value = self.axes.pop(0)
+        if key == "kernels" and self.recipe.kernels != "none":  # families add up
+            value = ",".join(sorted(kernel_families(self.recipe.kernels) | {value}))
+            label = f"kernels {value}"
         self._pending = {**self.parts, key: label}  # a later value of a switch replaces it
         best = self._name(self.parts).removeprefix("fast: ")
         return (Rung(self._name(self._pending), {key: value},

@@ -15,6 +15,8 @@ from ..kernels.linear_cross_entropy import linear_cross_entropy, linear_cross_en
 class LMHeadLoss(nn.Module):
     """No parameters of its own: the model passes its head's weight at every call."""
 
+    fused_kind = "loss"
+
     def __init__(self, chunk: int = 2048):
         super().__init__()
         self.chunk, self.fused = chunk, False

@@ -1,4 +1,9 @@
-"""Feed-forward blocks: GELU MLP (ViT, Swin, CLIP) and SwiGLU (Llama)."""
+"""Feed-forward blocks: GELU MLP (ViT, Swin) and SwiGLU (Llama).
+
+Fused paths (``kernels=gelu`` / ``kernels=swiglu``, Triton, ``kernels/activations.py``): fc1's
+bias add and the GELU in one kernel each way (fc1 runs without its bias), and SiLU(gate)·up in
+one kernel each way. Parameters and their names are unchanged.
+"""
 from __future__ import annotations
 
 import torch
@@ -7,26 +12,49 @@ from torch import nn
 
 
 class Mlp(nn.Module):
-    """Linear → GELU → Linear. ``approximate='tanh'`` gives CLIP's quick-GELU family shape."""
+    """Linear → GELU → Linear. ``approximate='tanh'`` gives the tanh-GELU variant."""
+
+    fused_kind, fused_triton = "gelu", True
 
     def __init__(self, dim: int, hidden: int, bias: bool = True, approximate: str = "none"):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden, bias=bias)
         self.fc2 = nn.Linear(hidden, dim, bias=bias)
-        self.approximate = approximate
+        self.approximate, self.fused = approximate, False
+
+    def use_fused(self, on: bool) -> list[str]:
+        self.fused = on
+        return ["bias + GELU in one Triton kernel"]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
+        if self.fused:
+            from ..kernels.activations import bias_gelu
+
+            h = bias_gelu(F.linear(x, self.fc1.weight), self.fc1.bias, self.approximate)
+        else:
+            h = F.gelu(self.fc1(x), approximate=self.approximate)
+        return self.fc2(h)
 
 
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)), no biases (Llama)."""
+
+    fused_kind, fused_triton = "swiglu", True
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
+        self.fused = False
+
+    def use_fused(self, on: bool) -> list[str]:
+        self.fused = on
+        return ["SiLU(gate) · up in one Triton kernel"]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            from ..kernels.activations import swiglu
+
+            return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

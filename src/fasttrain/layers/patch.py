@@ -18,6 +18,8 @@ from torch import nn
 class PatchEmbed(nn.Conv2d):
     """``Conv2d(channels, dim, patch, stride=patch)`` with :meth:`tokens` → (B, H/p, W/p, dim)."""
 
+    fused_kind = "patch"
+
     def __init__(self, channels: int, dim: int, patch: int):
         super().__init__(channels, dim, patch, patch)
         self.patch, self.as_gemm = patch, False

@@ -1,18 +1,23 @@
 """fasttrain's fused kernels (``src/fasttrain/kernels/``), switched on where a model has a path.
 
-A layer with a fused path exposes ``use_fused(on) -> list[str]`` (``layers/``); this technique
-calls it on every such module and reports what was fused. When it helps: memory-bound work
-around the GEMMs that torch.compile cannot remove on its own (e.g. the full logits of an LLM's
-loss). Numerics: the same maths in another summation order, checked by the parity gate.
-Applied after the FLOP probe (model FLOPs count the plain path) and before compile, which must
-trace the fused path.
+A layer with a fused path exposes ``use_fused(on) -> list[str]`` and names its family in
+``fused_kind`` (``layers/``, Swin's window attention); layers whose path is a Triton kernel say
+so with ``fused_triton = True``. ``kernels=fused`` switches on every family, a comma-separated
+list only those named (``recipe.KERNEL_FAMILIES``), so that each family can be measured alone.
+When it helps: memory-bound work around the GEMMs that torch.compile cannot remove on its own
+(the full logits of an LLM's loss, Swin's 49-token windows). Numerics: the same maths in another
+summation order, checked by the parity gate. Applied after the FLOP probe (model FLOPs count the
+plain path) and before compile, which must trace the fused path.
 """
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
 
+import torch
 from torch import nn
 
+from ..recipe import kernel_families
 from .base import Technique, TrainState
 
 
@@ -21,13 +26,39 @@ def fused_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if callable(getattr(m, "use_fused", None))]
 
 
+def triton_unavailable(device: torch.device) -> str | None:
+    """Why fasttrain's Triton kernels cannot run on ``device`` here, or None if they can."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if device.type == "cuda":
+        return None
+    from ..kernels._triton import INTERPRETED
+    return None if INTERPRETED else \
+        f"Triton kernels need a CUDA device (or TRITON_INTERPRET=1), not {device.type}"
+
+
 def apply(state: TrainState) -> str | None:
+    wanted = kernel_families(state.recipe.kernels)
+    layers = fused_layers(state.model)
+    missing = sorted(wanted - {m.fused_kind for m in layers})
+    if missing and state.recipe.kernels != "fused":
+        state.warn("kernels", f"{state.workload.name} has no {', '.join(missing)} layer")
+    no_triton = triton_unavailable(state.device)
     done: Counter = Counter()
-    for module in fused_layers(state.model):
+    kept: set[str] = set()
+    for module in layers:
+        if module.fused_kind not in wanted:
+            continue
+        if no_triton and getattr(module, "fused_triton", False):
+            kept.add(module.fused_kind)
+            continue
         done.update(module.use_fused(True))
+    if kept:
+        state.warn("kernels", f"{', '.join(sorted(kept))}: {no_triton}; plain path kept")
     if not done:
-        state.warn("kernels", f"{state.workload.name} has no layer with a fused kernel; "
-                              "kernels=fused changes nothing")
+        if not layers:
+            state.warn("kernels", f"{state.workload.name} has no layer with a fused kernel; "
+                                  f"kernels={state.recipe.kernels} changes nothing")
         return None
     return "; ".join(f"{what} ×{n}" for what, n in done.items())
 

@@ -92,20 +92,34 @@ def native_gqa(q: torch.Tensor) -> bool:
 
 
 class Attention(nn.Module):
+    """GQA attention with RoPE; ``kernels=rope`` rotates q and k in one Triton kernel."""
+
+    fused_kind, fused_triton = "rope", True
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.dim // cfg.heads
+        self.fused_rope = False
         self.q_proj = nn.Linear(cfg.dim, cfg.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.dim, bias=False)
+
+    def use_fused(self, on: bool) -> list[str]:
+        self.fused_rope = on
+        return ["RoPE of q and k in one Triton kernel"]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.fused_rope:
+            from ..kernels.rope import rope
+
+            q, k = rope(q, k, cos, sin)
+        else:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         gqa = self.kv_heads != self.heads
         if gqa and not native_gqa(q):
             rep = self.heads // self.kv_heads

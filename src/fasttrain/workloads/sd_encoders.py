@@ -54,7 +54,9 @@ class VAEConfig:
 
 
 class QuickGELUMlp(Mlp):
-    """fc1 → x·sigmoid(1.702x) → fc2 (CLIP's ``quick_gelu``)."""
+    """fc1 → x·sigmoid(1.702x) → fc2 (CLIP's ``quick_gelu``); no fused path."""
+
+    use_fused = None  # the bias + GELU kernel computes GELU, not quick-GELU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc1(x)

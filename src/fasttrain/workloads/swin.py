@@ -94,14 +94,32 @@ def shift_mask(res: int, window: int, shift: int) -> torch.Tensor:
 
 
 class WindowAttention(nn.Module):
+    """Multi-head attention within each window, with the learned relative position bias.
+
+    Plain: SDPA over (B·nW, heads, N, D) with the bias (and mask) as a materialised additive
+    mask. Fused (``kernels=window``): ``kernels.window_attention``, one Triton kernel each way
+    straight from the qkv projection, bias and mask added inside (windows up to
+    ``MAX_TOKENS`` tokens)."""
+
+    fused_kind, fused_triton = "window", True
+
     def __init__(self, dim: int, heads: int, window: int):
         super().__init__()
-        self.heads = heads
+        self.heads, self.fused = heads, False
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
         self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, heads))
         self.register_buffer("relative_position_index", relative_position_index(window),
                              persistent=False)
+
+    def use_fused(self, on: bool) -> list[str]:
+        from ..kernels.window_attention import MAX_TOKENS
+
+        N = self.relative_position_index.shape[0]
+        if on and N > MAX_TOKENS:
+            return [f"window attention of {N} tokens kept on SDPA (Triton tile: ≤ {MAX_TOKENS})"]
+        self.fused = on
+        return ["window attention with bias and mask in one Triton kernel"]
 
     def position_bias(self) -> torch.Tensor:
         N = self.relative_position_index.shape[0]
@@ -112,6 +130,11 @@ class WindowAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         Bw, N, C = x.shape  # (B·nW, N, C)
+        if self.fused:
+            from ..kernels.window_attention import window_attention
+
+            return self.proj(window_attention(self.qkv(x), self.position_bias()[0], mask,
+                                              self.heads))
         qkv = self.qkv(x).view(Bw, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
         bias = self.position_bias()
         if mask is not None:  # mask (nW, N, N)

@@ -1,0 +1,88 @@
+"""What every Triton kernel module here shares: op registration and launches.
+
+Under ``TRITON_INTERPRET=1`` (CPU), ``@triton.jit`` gives an interpreted function that
+``wrap_triton`` hands back unwrapped, so torch.compile cannot trace a ``triton_op`` through it
+(it would touch fake tensors' data). There the ops are opaque ``custom_op``s instead, whose
+fake (shape-only) call skips the launch: still no graph break, but a black box to the compiler.
+On a GPU they are ``triton_op``s, so Inductor sees the Triton kernels themselves.
+
+Interpreted or compiled is fixed when this module is imported (as Triton fixes it at
+``@triton.jit``): set ``TRITON_INTERPRET=1`` before importing any ``fasttrain.kernels`` module.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.library import custom_op, triton_op, wrap_triton
+from triton.runtime.jit import JITFunction
+
+
+@triton.jit
+def _probe(x_ptr):
+    tl.store(x_ptr, 0)
+
+
+INTERPRETED = not isinstance(_probe, JITFunction)
+"""Whether this process runs Triton kernels in the interpreter (on the CPU)."""
+
+
+# Reductions for the kernels, from builtins of triton.language only (tl.reduce), not its
+# @triton.jit library (tl.sum, tl.max): the kernels then run in the interpreter even when triton
+# was imported before TRITON_INTERPRET was set (the library's functions are compiled-only then).
+
+@triton.jit
+def add(a, b):
+    return a + b
+
+
+@triton.jit
+def maximum(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def sum0(v):
+    """Sum over axis 0 (a row vector's elements, a tile's columns)."""
+    return tl.reduce(v, 0, add)
+
+
+def runs_on(t: torch.Tensor) -> bool:
+    """Whether the Triton kernels can run on ``t``'s device in this process."""
+    return t.is_cuda or (INTERPRETED and t.device.type == "cpu")
+
+
+def op(name: str):
+    """Decorator: register ``fn`` as the custom op ``name`` (see the module docstring)."""
+    if not INTERPRETED:
+        return triton_op(name, mutates_args=())
+
+    def register(fn):
+        registered = custom_op(name, fn, mutates_args=())
+        registered.register_fake(fn)
+        return registered
+    return register
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **meta) -> None:
+    """Launch ``kernel`` over ``grid`` (traceable by torch.compile on a GPU)."""
+    if INTERPRETED and any(isinstance(a, FakeTensor) for a in args):
+        return  # fake (shape-only) call of the interpreted fallback
+    wrap_triton(kernel)[grid](*args, **meta)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def programs_cap(device: torch.device, per_sm: int = 4) -> int:
+    """How many persistent programs fill ``device``: a few per SM on a GPU; the interpreter
+    runs programs one after another, so a handful there."""
+    if device.type != "cuda":
+        return 4
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return per_sm * _sm_count(index)

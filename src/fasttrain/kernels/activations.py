@@ -1,0 +1,323 @@
+"""Fused bias + GELU and SwiGLU in Triton, forward and backward.
+
+What is fused
+    ``bias_gelu(x, bias, approximate)`` computes ``y = gelu(x + bias)`` (the activation after
+    a linear layer whose bias was left out of the matmul) in one pass: x and bias are read
+    once and y written once; ``x + bias`` is never stored. The backward is one kernel as
+    well: it reads dy and x, recomputes ``x + bias``, writes dx and per-program fp32 partial
+    column sums of dx (the bias gradient) that a final ``torch.sum`` reduces (no atomics).
+    ``swiglu(gate, up)`` computes ``silu(gate) * up`` (Llama's MLP) in one kernel, and its
+    backward writes dgate and dup in one kernel that reads dy, gate and up.
+
+When they help
+    In eager mode, where PyTorch runs the bias add, the activation, the product and their
+    backwards as separate kernels that each stream the whole activation through memory (and,
+    for SwiGLU, keeps ``silu(gate)`` alive for backward besides gate and up). Under
+    ``torch.compile`` Inductor already fuses these pointwise ops, so there they bring at most
+    a different choice of what is saved for backward; measure before relying on them.
+
+Numerics
+    All math is in fp32 whatever the input dtype (fp32, bf16, fp16); outputs and gradients
+    come out in the inputs' dtypes. ``x + bias`` is *not* rounded to x's dtype before the
+    GELU (as ``gelu(x.float() + bias.float())``, which is what PyTorch computes for bf16 x and
+    an fp32 bias, but one rounding fewer than bf16 x + bf16 bias in PyTorch). bias may be
+    fp32 while x is bf16/fp16 (autocast style); its gradient is summed in fp32 from the
+    unrounded dx and comes back in bias's own dtype. ``approximate="none"`` uses erf;
+    ``"tanh"`` uses ``0.5·z·(1 + tanh(u)) = z·sigmoid(2u)``, and every sigmoid here is taken
+    as ``1/(1+e)`` or ``e/(1+e)`` with ``e = exp(-|a|) ≤ 1``, so nothing overflows; ``1 - s``
+    is the other of the two quotients rather than a subtraction, so the gradients keep their
+    precision where s ≈ 1 (in fp32 they are closer to the exact values than PyTorch's own
+    tanh-GELU and SiLU backwards, which differ from them by up to a few 1e-6).
+
+torch.compile
+    As in ``fasttrain.kernels.norms``: ``triton_op``s with ``register_autograd`` backwards on
+    a GPU (traced without a graph break, Inductor sees the kernels), opaque ``custom_op``s
+    under ``TRITON_INTERPRET=1``.
+
+Layout
+    bias_gelu: x may have any leading shape and any last dim D; it is viewed as (rows, D) and
+    made contiguous if it is not. Programs cover 2-D tiles of ``BLOCK_R`` rows x ``BLOCK_D``
+    columns (``BLOCK_D ≤ 1024``) so the bias is loaded once per tile; in the backward each
+    program walks a contiguous range of row tiles for one column block, accumulating its bias
+    partial. swiglu: gate and up must have the same shape, dtype and device (any shape);
+    non-contiguous views (e.g. ``chunk`` of a fused gate/up projection) are copied to
+    contiguous first, and the kernels run over the flattened elements.
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._triton import launch, op, programs_cap, sum0
+
+__all__ = ["bias_gelu", "swiglu", "bias_gelu_reference", "swiglu_reference"]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_APPROXIMATE = ("none", "tanh")
+Tensors2 = tuple[torch.Tensor, torch.Tensor]
+
+
+# ----------------------------------------------------------------------------- kernels
+# Only builtins of triton.language (tl.math.erf and tl.exp are builtins), not its @triton.jit
+# library (tl.sum, tl.sigmoid, tl.zeros): see fasttrain.kernels._triton.
+
+_SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2*pi)
+_SQRT_2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
+_TANH_C = tl.constexpr(0.044715)  # tanh-GELU's cubic coefficient
+
+
+@triton.jit
+def _sigmoid(a):
+    """(sigmoid(a), 1 - sigmoid(a)), both without overflow (exp only of -|a|) and without
+    the cancellation of computing 1 - s from s."""
+    e = tl.exp(-tl.abs(a))
+    r = 1.0 / (1.0 + e)
+    pos = a >= 0
+    return tl.where(pos, r, e * r), tl.where(pos, e * r, r)
+
+
+@triton.jit
+def _gelu_and_grad(z, TANH: tl.constexpr):
+    """(gelu(z), d gelu / dz) in fp32."""
+    if TANH:
+        inner = _SQRT_2_PI * (z + _TANH_C * z * z * z)
+        s, one_minus_s = _sigmoid(2.0 * inner)  # s = 0.5 * (1 + tanh(inner))
+        d_inner = _SQRT_2_PI * (1.0 + 3.0 * _TANH_C * z * z)
+        return z * s, s + 2.0 * z * s * one_minus_s * d_inner
+    else:
+        cdf = 0.5 * (1.0 + tl.math.erf(z * _SQRT1_2))
+        pdf = tl.exp(-0.5 * z * z) * _INV_SQRT_2PI
+        return z * cdf, cdf + z * pdf
+
+
+@triton.jit
+def _bias_gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, D,
+                          HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
+                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    mask = (rows[:, None] < n_rows) & cmask[None, :]
+    off = rows[:, None] * D + cols[None, :]
+    z = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        z += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    y, _ = _gelu_and_grad(z, TANH)
+    tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, db_ptr, n_rows, D, rows_per_prog,
+                          HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
+                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    db = tl.full((BLOCK_R, BLOCK_D), 0.0, tl.float32)
+    start = pid.to(tl.int64) * rows_per_prog
+    end = tl.minimum(start + rows_per_prog, n_rows)
+    for r0 in range(start, end, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        mask = (rows[:, None] < end) & cmask[None, :]
+        off = rows[:, None] * D + cols[None, :]
+        z = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            z += b
+        dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        _, grad = _gelu_and_grad(z, TANH)
+        dz = dy * grad  # 0 where masked (dy = 0, grad finite)
+        tl.store(dx_ptr + off, dz.to(dx_ptr.dtype.element_ty), mask=mask)
+        db += dz
+    if HAS_BIAS:
+        tl.store(db_ptr + pid * D + cols, sum0(db), mask=cmask)
+
+
+@triton.jit
+def _swiglu_fwd_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = off < n
+    g = tl.load(g_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    s, _ = _sigmoid(g)
+    tl.store(y_ptr + off, (g * s * u).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n, BLOCK: tl.constexpr):
+    off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = off < n
+    dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    s, one_minus_s = _sigmoid(g)
+    # d silu / dg = s + g * s * (1 - s)
+    tl.store(dg_ptr + off, (dy * u * s * (1.0 + g * one_minus_s)).to(dg_ptr.dtype.element_ty),
+             mask=mask)
+    tl.store(du_ptr + off, (dy * g * s).to(du_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------- launch helpers
+
+_TILE = 4096  # elements per program (bias_gelu tile, swiglu block)
+_MAX_BLOCK_D = 1024  # columns of a bias_gelu tile
+_WARPS = 8  # 16 elements per thread: two 16-byte loads per tensor in bf16
+
+
+def _tile(d: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_D) of the bias_gelu tiles: up to 1024 columns, 4096 elements."""
+    block_d = min(triton.next_power_of_2(d), _MAX_BLOCK_D, _TILE)
+    return _TILE // block_d, block_d
+
+
+def _grid_bwd(device: torch.device, rows: int, d: int, block_r: int, block_d: int
+              ) -> tuple[int, int, int]:
+    """(row programs, column blocks, rows per program) for the bias_gelu backward: a few
+    programs per SM in all, each walking a contiguous range of whole row tiles."""
+    col_blocks = triton.cdiv(d, block_d)
+    target = max(1, programs_cap(device) // col_blocks)
+    per = triton.cdiv(triton.cdiv(rows, target), block_r) * block_r
+    return triton.cdiv(rows, per), col_blocks, per
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+@op("fasttrain::bias_gelu_fwd")
+def _bias_gelu_fwd(x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str
+                   ) -> torch.Tensor:
+    rows, d = x.shape
+    y = torch.empty_like(x)
+    block_r, block_d = _tile(d)
+    if rows > 0:
+        launch(_bias_gelu_fwd_kernel, (triton.cdiv(rows, block_r), triton.cdiv(d, block_d)),
+               x, x if bias is None else bias, y, rows, d,
+               HAS_BIAS=bias is not None, TANH=approximate == "tanh",
+               BLOCK_R=block_r, BLOCK_D=block_d, num_warps=_WARPS)
+    return y
+
+
+@op("fasttrain::bias_gelu_bwd")
+def _bias_gelu_bwd(dy: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor],
+                   approximate: str) -> Tensors2:
+    rows, d = x.shape
+    dx = torch.empty_like(x)
+    block_r, block_d = _tile(d)
+    progs, col_blocks, per = _grid_bwd(x.device, rows, d, block_r, block_d)
+    db = torch.empty((progs if bias is not None else 0, d), device=x.device,
+                     dtype=torch.float32)  # per-program partials, every one written
+    if rows > 0:
+        launch(_bias_gelu_bwd_kernel, (progs, col_blocks),
+               dy, x, x if bias is None else bias, dx, dx if bias is None else db, rows, d, per,
+               HAS_BIAS=bias is not None, TANH=approximate == "tanh",
+               BLOCK_R=block_r, BLOCK_D=block_d, num_warps=_WARPS)
+    return dx, db.sum(0)
+
+
+@op("fasttrain::swiglu_fwd")
+def _swiglu_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(gate)
+    n = gate.numel()
+    if n > 0:
+        launch(_swiglu_fwd_kernel, (triton.cdiv(n, _TILE),), gate, up, y, n,
+               BLOCK=_TILE, num_warps=_WARPS)
+    return y
+
+
+@op("fasttrain::swiglu_bwd")
+def _swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> Tensors2:
+    dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+    n = gate.numel()
+    if n > 0:
+        launch(_swiglu_bwd_kernel, (triton.cdiv(n, _TILE),), dy, gate, up, dgate, dup, n,
+               BLOCK=_TILE, num_warps=_WARPS)
+    return dgate, dup
+
+
+def _grad(saved: torch.Tensor, dy: Optional[torch.Tensor]) -> torch.Tensor:
+    """A contiguous output gradient (autograd may hand in an expanded or a missing one)."""
+    return torch.zeros_like(saved) if dy is None else dy.contiguous()
+
+
+def _bias_gelu_setup(ctx, inputs, output) -> None:
+    x, bias, approximate = inputs
+    ctx.approximate = approximate
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, bias)
+
+
+def _bias_gelu_backward(ctx, dy):
+    x, bias = ctx.saved_tensors
+    dx, db = torch.ops.fasttrain.bias_gelu_bwd(_grad(x, dy), x, bias, ctx.approximate)
+    return dx, (db.to(bias.dtype) if ctx.has_bias else None), None
+
+
+def _swiglu_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_backward(ctx, dy):
+    gate, up = ctx.saved_tensors
+    return torch.ops.fasttrain.swiglu_bwd(_grad(gate, dy), gate, up)
+
+
+_bias_gelu_fwd.register_autograd(_bias_gelu_backward, setup_context=_bias_gelu_setup)
+_swiglu_fwd.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+
+
+# ----------------------------------------------------------------------------- public API
+
+def _check_float(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in _DTYPES:
+        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+
+
+def _check_bias_gelu(x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str) -> int:
+    if approximate not in _APPROXIMATE:
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    _check_float("x", x)
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"x needs a non-empty last dim, got shape {tuple(x.shape)}")
+    d = x.shape[-1]
+    if bias is not None:
+        if bias.shape != (d,):
+            raise ValueError(f"bias shape {tuple(bias.shape)} does not match x's last dim ({d})")
+        if bias.dtype not in _DTYPES or bias.device != x.device:
+            raise ValueError(f"bias must be a float tensor on {x.device}, "
+                             f"got {bias.dtype} on {bias.device}")
+    return d
+
+
+def bias_gelu(x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str = "none"
+              ) -> torch.Tensor:
+    """``gelu(x + bias)`` over x's last dim D (bias of shape (D,), or None for plain GELU);
+    ``approximate`` is "none" (erf) or "tanh", as in ``torch.nn.functional.gelu``."""
+    d = _check_bias_gelu(x, bias, approximate)
+    b = None if bias is None else bias.contiguous()
+    y = torch.ops.fasttrain.bias_gelu_fwd(x.reshape(-1, d).contiguous(), b, approximate)
+    return y.view(x.shape)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for gate and up of the same shape, dtype and device (non-contiguous
+    inputs are copied to contiguous ones first); the result is contiguous."""
+    _check_float("gate", gate)
+    if up.shape != gate.shape or up.dtype != gate.dtype or up.device != gate.device:
+        raise ValueError(f"up must match gate ({tuple(gate.shape)}, {gate.dtype}, {gate.device}), "
+                         f"got ({tuple(up.shape)}, {up.dtype}, {up.device})")
+    return torch.ops.fasttrain.swiglu_fwd(gate.contiguous(), up.contiguous())
+
+
+def bias_gelu_reference(x: torch.Tensor, bias: Optional[torch.Tensor],
+                        approximate: str = "none") -> torch.Tensor:
+    """Plain-PyTorch ``bias_gelu``: fp32 internally, output in x's dtype."""
+    z = x.float() if bias is None else x.float() + bias.float()
+    return F.gelu(z, approximate=approximate).to(x.dtype)
+
+
+def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Plain-PyTorch ``swiglu``: fp32 internally, output in gate's dtype."""
+    return (F.silu(gate.float()) * up.float()).to(gate.dtype)

@@ -1,0 +1,261 @@
+"""Swin's window attention in one Triton kernel each way: bias, shift mask and odd window sizes
+inside the kernel.
+
+What is fused
+    ``window_attention(qkv, bias, mask, heads)`` computes, for every window and head,
+    ``softmax(q kᵀ · scale + bias[head] + mask[window % nW]) v`` straight from the qkv
+    projection's output (Bw, N, 3·C) and writes (Bw, N, C), ready for the output projection:
+    no q/k/v permutes, no (Bw, heads, N, N) bias tensor, no score matrix in memory. A window
+    (N = 49 tokens for Swin's 7×7) lives in one tile padded to a power of two (64), so the odd
+    size costs masked lanes, not the unaligned GEMMs that batched matmuls of 49 × 49 × 32 run
+    (cuBLAS picks align-1 kernels for them: the top kernel of
+    profile-swin-base-20261121-061841). The forward keeps one log-sum-exp per row.
+
+    The backward recomputes the probabilities per window and writes dq, dk, dv into one
+    (Bw, N, 3·C) gradient — the layout the qkv projection's backward reads. The bias gradient
+    is the sum of the score gradients over all windows: each program walks a strided set of
+    windows for one head, sums their score gradients in registers and writes one partial,
+    which a final ``torch.sum`` reduces (no atomics, no (Bw, heads, N, N) tensor).
+
+When it helps
+    Swin's window attention, eager or compiled: compile's decomposed attention runs two
+    batched matmuls of odd sizes plus a fused bias/mask/softmax kernel and materialises the
+    scores and their gradient; SDPA's fused kernels take the bias only as a (Bw, heads, N, N)
+    tensor and are built for long sequences. Windows of more than 128 tokens do not fit one
+    tile; the Swin layer keeps its plain path for them.
+
+Numerics
+    Scores, softmax and every reduction in fp32; the probabilities are rounded to the input
+    dtype before they multiply v (as flash attention does). fp32 inputs multiply in full fp32
+    (no TF32). ``bias`` and ``mask`` may be fp32 while qkv is bf16/fp16; the bias gradient
+    comes back in the bias's dtype.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._triton import INTERPRETED, add, launch, maximum, op, programs_cap
+
+__all__ = ["window_attention", "window_attention_reference", "MAX_TOKENS"]
+
+MAX_TOKENS = 128  # tokens per window that one tile holds (a 64 × 64 or 128 × 128 score tile)
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_PROGRAMS_PER_SM = 8  # backward: persistent programs per SM, each summing a bias partial
+
+
+# ----------------------------------------------------------------------------- kernels
+# Builtins of triton.language and the reductions of ._triton only: the kernels also run in
+# the interpreter.
+
+@triton.jit
+def _dot(a, b, DOT: tl.constexpr):
+    """a @ b with fp32 accumulation. DOT: 0 tensor cores in the inputs' 16-bit dtype, 1 full
+    fp32 (no TF32), 2 upcast first (the interpreter's dot mishandles bfloat16)."""
+    if DOT == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif DOT == 1:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _scores(qkv_ptr, bias_ptr, mask_ptr, win, head, rows, dcols, N, C, D, nW, scale,
+            HAS_MASK: tl.constexpr, DOT: tl.constexpr):
+    """q, k, v tiles of one window and head, and its scores with bias and mask (fp32)."""
+    rmask = rows < N
+    ld = rmask[:, None] & (dcols < D)[None, :]
+    ptrs = qkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :]
+    q = tl.load(ptrs, mask=ld, other=0.0)
+    k = tl.load(ptrs + C, mask=ld, other=0.0)
+    v = tl.load(ptrs + 2 * C, mask=ld, other=0.0)
+    s = _dot(q, tl.trans(k), DOT)
+    nn = rmask[:, None] & rmask[None, :]
+    pair = rows[:, None] * N + rows[None, :]
+    s = s * scale + tl.load(bias_ptr + head * N * N + pair, mask=nn, other=0.0).to(tl.float32)
+    if HAS_MASK:
+        s += tl.load(mask_ptr + (win % nW) * N * N + pair, mask=nn, other=0.0).to(tl.float32)
+    s = tl.where(rmask[None, :], s, float("-inf"))  # padded keys take no probability
+    return q, k, v, s
+
+
+@triton.jit
+def _fwd_kernel(qkv_ptr, bias_ptr, mask_ptr, out_ptr, lse_ptr, N, C, D, nW, heads, scale,
+                HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    win = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_N)
+    dcols = tl.arange(0, BLOCK_D)
+    q, k, v, s = _scores(qkv_ptr, bias_ptr, mask_ptr, win, head, rows, dcols, N, C, D, nW,
+                         scale, HAS_MASK, DOT)
+    m = tl.reduce(s, 1, maximum)
+    p = tl.exp(s - m[:, None])
+    denom = tl.reduce(p, 1, add)
+    o = _dot(p.to(v.dtype), v, DOT) / denom[:, None]
+    rmask = rows < N
+    st = rmask[:, None] & (dcols < D)[None, :]
+    tl.store(out_ptr + win * N * C + rows[:, None] * C + head * D + dcols[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=st)
+    tl.store(lse_ptr + (win * heads + head) * N + rows, m + tl.log(denom), mask=rmask)
+
+
+@triton.jit
+def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bias_ptr, mask_ptr, dqkv_ptr, dbias_ptr,
+                Bw, N, C, D, nW, heads, scale,
+                HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    part = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    parts = tl.num_programs(0)
+    rows = tl.arange(0, BLOCK_N)
+    dcols = tl.arange(0, BLOCK_D)
+    rmask = rows < N
+    ld = rmask[:, None] & (dcols < D)[None, :]
+    dbias = tl.full((BLOCK_N, BLOCK_N), 0.0, tl.float32)
+    for i in range(0, tl.cdiv(Bw - part, parts)):
+        win = part + i * parts  # windows part, part + parts, …: neighbours run side by side
+        q, k, v, s = _scores(qkv_ptr, bias_ptr, mask_ptr, win, head, rows, dcols, N, C, D, nW,
+                             scale, HAS_MASK, DOT)
+        lse = tl.load(lse_ptr + (win * heads + head) * N + rows, mask=rmask, other=0.0)
+        p = tl.exp(s - lse[:, None])
+        tok = win * N * C + rows[:, None] * C + head * D + dcols[None, :]
+        do = tl.load(dout_ptr + tok, mask=ld, other=0.0)
+        o = tl.load(out_ptr + tok, mask=ld, other=0.0)
+        delta = tl.reduce(do.to(tl.float32) * o.to(tl.float32), 1, add)
+        dv = _dot(tl.trans(p.to(do.dtype)), do, DOT)
+        dp = _dot(do, tl.trans(v), DOT)
+        ds = p * (dp - delta[:, None])  # zero on padded rows (do = 0) and keys (p = 0)
+        dbias += ds
+        ds_low = ds.to(q.dtype)
+        dq = _dot(ds_low, k, DOT) * scale
+        dk = _dot(tl.trans(ds_low), q, DOT) * scale
+        grad = dqkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :]
+        ty = dqkv_ptr.dtype.element_ty
+        tl.store(grad, dq.to(ty), mask=ld)
+        tl.store(grad + C, dk.to(ty), mask=ld)
+        tl.store(grad + 2 * C, dv.to(ty), mask=ld)
+    nn = rmask[:, None] & rmask[None, :]
+    pair = rows[:, None] * N + rows[None, :]
+    tl.store(dbias_ptr + (part * heads + head) * N * N + pair, dbias, mask=nn)
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+def _dot_mode(dtype: torch.dtype) -> int:
+    return 1 if dtype == torch.float32 else 2 if INTERPRETED else 0
+
+
+def _blocks(n: int, d: int) -> tuple[int, int]:
+    return max(16, triton.next_power_of_2(n)), max(16, triton.next_power_of_2(d))
+
+
+@op("fasttrain::window_attention_fwd")
+def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
+         scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    Bw, N, C3 = qkv.shape
+    C = C3 // 3
+    out = qkv.new_empty((Bw, N, C))
+    lse = torch.empty((Bw, heads, N), device=qkv.device, dtype=torch.float32)
+    block_n, block_d = _blocks(N, C // heads)
+    if Bw > 0:
+        launch(_fwd_kernel, (Bw, heads), qkv, bias, bias if mask is None else mask, out, lse,
+               N, C, C // heads, 1 if mask is None else mask.shape[0], heads, scale,
+               HAS_MASK=mask is not None, DOT=_dot_mode(qkv.dtype),
+               BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4 if block_n <= 64 else 8)
+    return out, lse
+
+
+@op("fasttrain::window_attention_bwd")
+def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+         bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
+         scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    Bw, N, C3 = qkv.shape
+    C = C3 // 3
+    dqkv = torch.empty_like(qkv)
+    parts = max(1, min(Bw, programs_cap(qkv.device, _PROGRAMS_PER_SM) // heads))
+    dbias = torch.zeros((parts, heads, N, N), device=qkv.device, dtype=torch.float32)
+    block_n, block_d = _blocks(N, C // heads)
+    if Bw > 0:
+        launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bias,
+               bias if mask is None else mask, dqkv, dbias,
+               Bw, N, C, C // heads, 1 if mask is None else mask.shape[0], heads, scale,
+               HAS_MASK=mask is not None, DOT=_dot_mode(qkv.dtype),
+               BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4 if block_n <= 64 else 8)
+    return dqkv, dbias.sum(0)
+
+
+def _setup(ctx, inputs, output) -> None:
+    qkv, bias, mask, heads, scale = inputs
+    ctx.heads, ctx.scale, ctx.bias_dtype = heads, scale, bias.dtype
+    ctx.save_for_backward(qkv, bias, mask, output[0], output[1])
+
+
+def _backward(ctx, dout, _dlse):
+    qkv, bias, mask, out, lse = ctx.saved_tensors
+    dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+    dqkv, dbias = torch.ops.fasttrain.window_attention_bwd(dout, qkv, out, lse, bias, mask,
+                                                           ctx.heads, ctx.scale)
+    return dqkv, dbias.to(ctx.bias_dtype), None, None, None
+
+
+_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+# ----------------------------------------------------------------------------- public API
+
+def _check(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor],
+           heads: int) -> None:
+    if qkv.dtype not in _DTYPES:
+        raise ValueError(f"qkv must be float32, bfloat16 or float16, got {qkv.dtype}")
+    if qkv.dim() != 3 or heads < 1 or qkv.shape[2] % (3 * heads):
+        raise ValueError(f"qkv must be (windows, tokens, 3 * heads * head_dim) with {heads} "
+                         f"heads, got shape {tuple(qkv.shape)}")
+    Bw, N, _ = qkv.shape
+    if N > MAX_TOKENS:
+        raise ValueError(f"windows of {N} tokens do not fit one tile (at most {MAX_TOKENS})")
+    if bias.shape != (heads, N, N) or bias.device != qkv.device:
+        raise ValueError(f"bias must be ({heads}, {N}, {N}) on {qkv.device}, got "
+                         f"{tuple(bias.shape)} on {bias.device}")
+    if mask is not None and (mask.dim() != 3 or mask.shape[1:] != (N, N)
+                             or Bw % mask.shape[0] or mask.device != qkv.device):
+        raise ValueError(f"mask must be (nW, {N}, {N}) on {qkv.device} with nW dividing the "
+                         f"{Bw} windows, got {tuple(mask.shape)} on {mask.device}")
+    if mask is not None and mask.requires_grad:
+        raise ValueError("mask is a constant: it gets no gradient (detach it)")
+
+
+def window_attention(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor],
+                     heads: int, scale: float | None = None) -> torch.Tensor:
+    """Attention within windows: ``qkv`` (Bw, N, 3·C) as (3, heads, C/heads) on its last dim,
+    ``bias`` (heads, N, N) added to every window's scores, ``mask`` (nW, N, N) added to window
+    ``b`` as ``mask[b % nW]`` (or None); ``scale`` defaults to head_dim^-½. Returns (Bw, N, C)
+    with the heads side by side, in qkv's dtype."""
+    _check(qkv, bias, mask, heads)
+    head_dim = qkv.shape[2] // (3 * heads)
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    mask = None if mask is None else mask.contiguous()
+    out, _ = torch.ops.fasttrain.window_attention_fwd(qkv.contiguous(), bias.contiguous(), mask,
+                                                      heads, scale)
+    return out
+
+
+def window_attention_reference(qkv: torch.Tensor, bias: torch.Tensor,
+                               mask: Optional[torch.Tensor], heads: int,
+                               scale: float | None = None) -> torch.Tensor:
+    """Plain-PyTorch ``window_attention``: fp32 (or wider) scores and softmax, the
+    probabilities rounded to qkv's dtype as the kernel does, output in qkv's dtype."""
+    Bw, N, C3 = qkv.shape
+    head_dim = C3 // (3 * heads)
+    scale = head_dim ** -0.5 if scale is None else scale
+    acc = torch.promote_types(qkv.dtype, torch.float32)
+    q, k, v = qkv.to(acc).view(Bw, N, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    s = (q @ k.transpose(-1, -2)) * scale + bias.to(acc)
+    if mask is not None:
+        s = (s.view(-1, mask.shape[0], heads, N, N) + mask.to(acc)[:, None]).view(Bw, heads, N, N)
+    p = s.softmax(-1).to(qkv.dtype).to(acc)
+    return (p @ v).transpose(1, 2).reshape(Bw, N, C3 // 3).to(qkv.dtype)

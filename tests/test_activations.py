@@ -1,0 +1,148 @@
+"""Fused bias + GELU and SwiGLU Triton kernels against plain-PyTorch references, run on CPU
+through the Triton interpreter: outputs and every gradient, odd shapes, non-contiguous inputs,
+bad input, and torch.compile without graph breaks."""
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tests.interpreted import (assert_compiled_matches_eager, interpret,  # noqa: E402,F401
+                               kernels_interpreted)
+
+with kernels_interpreted():
+    from fasttrain.kernels import activations
+    from fasttrain.kernels.activations import (bias_gelu, bias_gelu_reference, swiglu,
+                                               swiglu_reference)
+
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+SHAPES = [(3, 5, 49), (2, 1000), (7, 2500)]
+
+
+def _run(fn, args: dict, cotangent, upcast: bool, **kw):
+    """Output and the gradients of every tensor input, for ``sum(out * cotangent)``."""
+    cast = (lambda t: t.float()) if upcast else (lambda t: t)
+    leaves = {k: None if v is None else cast(v.detach()).clone().requires_grad_()
+              for k, v in args.items()}
+    out = fn(**leaves, **kw)
+    out.backward(cast(cotangent))
+    return out, {k: v.grad for k, v in leaves.items() if v is not None}
+
+
+def _compare(fused, reference, args: dict, cotangent, **kw):
+    out, grads = _run(fused, args, cotangent, upcast=False, **kw)
+    ref_out, ref_grads = _run(reference, args, cotangent, upcast=True, **kw)
+    first = next(iter(args.values()))
+    tol = TOL[first.dtype]
+    assert out.dtype == first.dtype and out.shape == first.shape
+    torch.testing.assert_close(out.float(), ref_out, **tol)
+    assert grads.keys() == ref_grads.keys()
+    for name, got in grads.items():
+        assert got.dtype == args[name].dtype, name
+        torch.testing.assert_close(got.float(), ref_grads[name], **tol,
+                                   msg=lambda m: f"grad of {name}: {m}")
+
+
+def _gelu_inputs(shape, dtype, bias: bool = True, bdtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    args = {"x": (2 * torch.randn(shape, generator=g)).to(dtype),
+            "bias": (0.5 * torch.randn(shape[-1], generator=g)).to(bdtype) if bias else None}
+    return args, torch.randn(shape, generator=g).to(dtype)
+
+
+def _swiglu_inputs(shape, dtype):
+    g = torch.Generator().manual_seed(0)
+    args = {"gate": (3 * torch.randn(shape, generator=g)).to(dtype),
+            "up": torch.randn(shape, generator=g).to(dtype)}
+    return args, torch.randn(shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_matches_reference_outputs_and_all_gradients(approximate, dtype, shape):
+    # bf16 x with an fp32 bias: the autocast case, the bias grad in the bias's dtype
+    _compare(bias_gelu, bias_gelu_reference, *_gelu_inputs(shape, dtype),
+             approximate=approximate)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_without_bias_and_with_low_precision_bias(approximate):
+    _compare(bias_gelu, bias_gelu_reference, *_gelu_inputs((4, 3, 33), torch.float32, False),
+             approximate=approximate)
+    _compare(bias_gelu, bias_gelu_reference,
+             *_gelu_inputs((4, 33), torch.bfloat16, bdtype=torch.bfloat16),
+             approximate=approximate)
+
+
+def test_bias_gelu_backward_with_many_programs_and_row_tiles(monkeypatch):
+    # small tiles: several column blocks (one partial), several row programs, each looping
+    # over several row tiles with a partial last one; bias partials summed across programs
+    monkeypatch.setattr(activations, "_TILE", 128)
+    monkeypatch.setattr(activations, "_MAX_BLOCK_D", 32)  # tiles of 4 rows x 32 columns
+    assert activations._grid_bwd(torch.device("cpu"), 45, 40, 4, 32) == (2, 2, 24)
+    _compare(bias_gelu, bias_gelu_reference, *_gelu_inputs((45, 40), torch.float32),
+             approximate="none")
+
+
+def test_bias_gelu_extreme_inputs_are_finite():
+    x = torch.tensor([[-1e4, -60.0, -10.0, 0.0, 10.0, 60.0, 1e4, 3.0]]).requires_grad_()
+    for approximate in ("none", "tanh"):
+        x.grad = None
+        y = bias_gelu(x, None, approximate)
+        y.sum().backward()
+        x2 = x.detach().clone().requires_grad_()
+        bias_gelu_reference(x2, None, approximate).sum().backward()
+        assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
+        torch.testing.assert_close(y, bias_gelu_reference(x.detach(), None, approximate))
+        torch.testing.assert_close(x.grad, x2.grad)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 49), (2, 1000), (5000,)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_swiglu_matches_reference_outputs_and_all_gradients(dtype, shape):
+    _compare(swiglu, swiglu_reference, *_swiglu_inputs(shape, dtype))
+
+
+def test_swiglu_non_contiguous_inputs_and_expanded_gradient():
+    g = torch.Generator().manual_seed(0)
+    leaves = [torch.randn(6, 2 * 40, generator=g), torch.randn(40, 6, generator=g)]
+    results = []
+    for fn in (swiglu, swiglu_reference):
+        fused, up_t = (t.clone().requires_grad_() for t in leaves)
+        gate, up = fused[:, :40], up_t.t()  # a row-strided slice (one gate/up projection)
+        assert not gate.is_contiguous() and not up.is_contiguous()  # and a transposed view
+        out = fn(gate, up)
+        out.sum().backward()  # the backward gets a stride-0 gradient
+        results.append([out.detach(), fused.grad, up_t.grad])
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x: bias_gelu(x, torch.ones(7)), "bias shape (7,) does not match"),
+    (lambda x: bias_gelu(x, None, "erf"), "approximate must be 'none' or 'tanh'"),
+    (lambda x: bias_gelu(x.long(), None), "x must be float32"),
+    (lambda x: bias_gelu(x, torch.ones(8, dtype=torch.long)), "bias must be a float tensor"),
+    (lambda x: swiglu(x, torch.ones(4, 7)), "up must match gate"),
+    (lambda x: swiglu(x, x.double()), "up must match gate"),
+    (lambda x: swiglu(x.int(), x.int()), "gate must be float32"),
+], ids=["bias", "approximate", "dtype", "bias-dtype", "shape", "up-dtype", "gate-dtype"])
+def test_bad_input_is_a_one_line_value_error(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        call(torch.randn(4, 8))
+    assert "\n" not in str(err.value)
+
+
+def _mlp(x, b, g, u):
+    h = bias_gelu(x, b, "tanh")
+    return (bias_gelu(h * 2, b).sum() + (swiglu(h, u) * g).sum()
+            + swiglu(g, bias_gelu(u, None)).sum())
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    # interpreted: opaque custom ops (see fasttrain.kernels._triton); no graph break
+    assert_compiled_matches_eager(
+        _mlp, [torch.randn(3, 40), torch.randn(40), torch.randn(3, 40), torch.randn(3, 40)])

@@ -1,0 +1,106 @@
+"""Swin's window attention Triton kernel against its plain-PyTorch reference, in Triton's
+interpreter on CPU: output, the qkv and bias gradients, masks, odd window sizes, bad input,
+torch.compile without graph breaks, and the Swin model with the kernel switched on."""
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tests.interpreted import (assert_compiled_matches_eager, interpret,  # noqa: E402,F401
+                               kernels_interpreted)
+
+with kernels_interpreted():
+    from fasttrain.kernels.window_attention import (window_attention,
+                                                    window_attention_reference)
+
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=3e-2, atol=3e-2),
+       torch.float16: dict(rtol=5e-3, atol=5e-3)}
+
+
+def _inputs(windows, tokens, heads, head_dim, n_masks, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(windows, tokens, 3 * heads * head_dim, generator=g).to(dtype)
+    bias = 0.5 * torch.randn(heads, tokens, tokens, generator=g)
+    mask = None if not n_masks else torch.where(
+        torch.rand(n_masks, tokens, tokens, generator=g) < 0.3, -100.0, 0.0)
+    cot = torch.randn(windows, tokens, heads * head_dim, generator=g).to(dtype)
+    return qkv, bias, mask, cot
+
+
+def _run(fn, qkv, bias, mask, heads, cot):
+    qkv, bias = qkv.clone().requires_grad_(), bias.clone().requires_grad_()
+    out = fn(qkv, bias, mask, heads)
+    out.backward(cot)
+    return out.detach(), qkv.grad, bias.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("windows, tokens, heads, head_dim, n_masks", [
+    (8, 49, 2, 32, 4),  # Swin's 7x7 windows, shifted: mask per window of the image
+    (3, 9, 3, 8, 0),  # 3x3 windows, head_dim below a tile, no mask
+    (4, 16, 1, 24, 1),  # one mask for every window, head_dim not a power of two
+], ids=["7x7-shifted", "3x3", "4x4-one-mask"])
+def test_output_and_gradients_match_the_reference(dtype, windows, tokens, heads, head_dim,
+                                                  n_masks):
+    qkv, bias, mask, cot = _inputs(windows, tokens, heads, head_dim, n_masks, dtype)
+    got = _run(window_attention, qkv, bias, mask, heads, cot)
+    want = _run(window_attention_reference, qkv, bias, mask, heads, cot)
+    for name, a, b in zip(("out", "dqkv", "dbias"), got, want):
+        assert a.dtype == b.dtype, name
+        torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda m: f"{name}: {m}")
+
+
+def test_the_reference_is_plain_attention_with_an_additive_bias():
+    qkv, bias, mask, _ = _inputs(4, 9, 2, 8, 2, torch.float64)
+    q, k, v = qkv.view(4, 9, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
+    full = bias + mask.repeat(2, 1, 1).unsqueeze(1)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full)
+    got = window_attention_reference(qkv, bias, mask, 2)
+    torch.testing.assert_close(got, want.transpose(1, 2).reshape(4, 9, 16))
+
+
+def test_fp32_bias_with_bf16_qkv_keeps_the_bias_dtype():
+    qkv, bias, mask, cot = _inputs(2, 16, 2, 16, 2, torch.bfloat16)
+    _, dqkv, dbias = _run(window_attention, qkv, bias, mask, 2, cot)
+    assert (dqkv.dtype, dbias.dtype) == (torch.bfloat16, torch.float32)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda q, b: window_attention(q.long(), b, None, 2), "qkv must be float32"),
+    (lambda q, b: window_attention(q[..., :-1], b, None, 2), "qkv must be (windows, tokens"),
+    (lambda q, b: window_attention(q, b[:1], None, 2), "bias must be (2, 9, 9)"),
+    (lambda q, b: window_attention(q, b, torch.zeros(3, 9, 9), 2), "mask must be (nW, 9, 9)"),
+    (lambda q, b: window_attention(torch.zeros(1, 129, 6), torch.zeros(1, 129, 129), None, 1),
+     "windows of 129 tokens do not fit one tile"),
+], ids=["dtype", "width", "bias", "mask", "too-big"])
+def test_bad_input_is_a_one_line_value_error(call, message):
+    qkv, bias, _, _ = _inputs(4, 9, 2, 8, 0, torch.float32)
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        call(qkv, bias)
+    assert "\n" not in str(err.value)
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    qkv, bias, mask, _ = _inputs(4, 16, 2, 16, 2, torch.float32)
+    proj = torch.randn(32, 32)
+
+    def block(qkv, bias):
+        return (window_attention(qkv * 2, bias, mask, 2) @ proj).square().sum()
+
+    assert_compiled_matches_eager(block, [qkv, bias])
+
+
+def test_swin_with_the_window_kernel_keeps_its_losses():
+    from fasttrain.recipe import Recipe
+    from fasttrain.run.loop import train
+    from fasttrain.workloads import load_workload
+
+    wl = load_workload("swin", "tiny")
+    plain = train(wl, Recipe(batch=2), steps=2, warmup=0, device="cpu")
+    fused = train(wl, Recipe(batch=2, kernels="window"), steps=2, warmup=0, device="cpu")
+    assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
+    assert fused.applied["kernels"] == "window attention with bias and mask in one Triton kernel ×4"
