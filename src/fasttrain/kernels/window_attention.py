@@ -44,7 +44,9 @@ __all__ = ["window_attention", "window_attention_reference", "MAX_TOKENS"]
 
 MAX_TOKENS = 128  # tokens per window that one tile holds (a 64 × 64 or 128 × 128 score tile)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_PROGRAMS_PER_SM = 8  # backward: persistent programs per SM, each summing a bias partial
+# Launch settings (H200, benchmarks/window_tune.py): warps per program, and for the backward
+# the persistent programs per SM, each summing one bias partial over its windows.
+LAUNCH = {"fwd_warps": 4, "bwd_warps": 4, "programs_per_sm": 8, "stages": 2}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -166,7 +168,8 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
         launch(_fwd_kernel, (Bw, heads), qkv, bias, bias if mask is None else mask, out, lse,
                N, C, C // heads, 1 if mask is None else mask.shape[0], heads, scale,
                HAS_MASK=mask is not None, DOT=_dot_mode(qkv.dtype),
-               BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4 if block_n <= 64 else 8)
+               BLOCK_N=block_n, BLOCK_D=block_d, num_stages=LAUNCH["stages"],
+               num_warps=LAUNCH["fwd_warps"] * (1 if block_n <= 64 else 2))
     return out, lse
 
 
@@ -177,7 +180,7 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
     Bw, N, C3 = qkv.shape
     C = C3 // 3
     dqkv = torch.empty_like(qkv)
-    parts = max(1, min(Bw, programs_cap(qkv.device, _PROGRAMS_PER_SM) // heads))
+    parts = max(1, min(Bw, programs_cap(qkv.device, LAUNCH["programs_per_sm"]) // heads))
     dbias = torch.zeros((parts, heads, N, N), device=qkv.device, dtype=torch.float32)
     block_n, block_d = _blocks(N, C // heads)
     if Bw > 0:
@@ -185,7 +188,8 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
                bias if mask is None else mask, dqkv, dbias,
                Bw, N, C, C // heads, 1 if mask is None else mask.shape[0], heads, scale,
                HAS_MASK=mask is not None, DOT=_dot_mode(qkv.dtype),
-               BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4 if block_n <= 64 else 8)
+               BLOCK_N=block_n, BLOCK_D=block_d, num_stages=LAUNCH["stages"],
+               num_warps=LAUNCH["bwd_warps"] * (1 if block_n <= 64 else 2))
     return dqkv, dbias.sum(0)
 
 
