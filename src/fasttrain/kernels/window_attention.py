@@ -46,7 +46,7 @@ MAX_TOKENS = 128  # tokens per window that one tile holds (a 64 × 64 or 128 × 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Launch settings (H200, benchmarks/window_tune.py): warps per program, and for the backward
 # the persistent programs per SM, each summing one bias partial over its windows.
-LAUNCH = {"fwd_warps": 4, "bwd_warps": 4, "programs_per_sm": 8, "stages": 2}
+LAUNCH = {"fwd_warps": 4, "bwd_warps": 8, "programs_per_sm": 4, "stages": 3}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -91,6 +91,7 @@ def _fwd_kernel(qkv_ptr, bias_ptr, mask_ptr, out_ptr, lse_ptr, N, C, D, nW, head
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     win = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64
     rows = tl.arange(0, BLOCK_N)
     dcols = tl.arange(0, BLOCK_D)
     q, k, v, s = _scores(qkv_ptr, bias_ptr, mask_ptr, win, head, rows, dcols, N, C, D, nW,
@@ -114,6 +115,7 @@ def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bias_ptr, mask_ptr, dqkv_pt
     part = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     parts = tl.num_programs(0)
+    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64
     rows = tl.arange(0, BLOCK_N)
     dcols = tl.arange(0, BLOCK_D)
     rmask = rows < N
