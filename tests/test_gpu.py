@@ -169,18 +169,21 @@ def test_fp8_linear_on_cuda_matches_its_emulation_eager_and_compiled():
         torch.testing.assert_close(w.grad, gq.t() @ xq, **close)
 
 
-def _compiled_and_reference(fused, reference, inputs, loss):
-    """Outputs and gradients of ``loss(fn(*inputs))`` for fused compiled by inductor (the
-    Triton path the CPU tests cannot run) and for the plain reference."""
+def _compiled_and_reference(fused, reference, inputs, loss, rel: float = 2e-2):
+    """The outputs of ``fn(*inputs)`` and the gradients of ``loss`` of them, for fused compiled
+    by inductor (the Triton path the CPU tests cannot run) and for the plain reference, agree
+    elementwise to ``rel`` of each tensor's largest magnitude (bf16 rounds differently)."""
     results = []
     torch._dynamo.reset()
     for fn in (torch.compile(fused, fullgraph=True), reference):
         leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
-        out = loss(fn(*leaves))
-        out.backward()
-        results.append([out.detach().float()] + [t.grad.float() for t in leaves
-                                                 if t.requires_grad])
-    return results
+        out = fn(*leaves)
+        loss(out).backward()
+        outs = out if isinstance(out, tuple) else (out,)
+        results.append([o.detach().float() for o in outs] +
+                       [t.grad.float() for t in leaves if t.requires_grad])
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, rtol=rel, atol=rel * want.abs().max().item())
 
 
 def test_window_attention_compiled_on_cuda_matches_the_reference():
@@ -192,12 +195,9 @@ def test_window_attention_compiled_on_cuda_matches_the_reference():
     bias = 0.5 * torch.randn(4, 49, 49, device="cuda")
     mask = shift_mask(28, 7, 3).cuda()  # 16 windows per image, 4 images
     cot = torch.randn(64, 49, 128, device="cuda")
-    got, want = _compiled_and_reference(
-        lambda q, b: window_attention(q, b, mask, 4),
-        lambda q, b: window_attention_reference(q, b, mask, 4), [qkv, bias],
-        lambda out: (out.float() * cot).sum())
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2)
+    _compiled_and_reference(lambda q, b: window_attention(q, b, mask, 4),
+                            lambda q, b: window_attention_reference(q, b, mask, 4), [qkv, bias],
+                            lambda out: (out.float() * cot).sum())
 
 
 def test_activation_and_rope_kernels_compiled_on_cuda_match_the_reference():
@@ -208,26 +208,19 @@ def test_activation_and_rope_kernels_compiled_on_cuda_match_the_reference():
     x = torch.randn(300, 1000, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(1000, device="cuda")
     for approximate in ("none", "tanh"):
-        got, want = _compiled_and_reference(
-            lambda x, b: act.bias_gelu(x, b, approximate),
-            lambda x, b: act.bias_gelu_reference(x, b, approximate), [x, b],
-            lambda y: (y.float() * 1.5).square().sum())
-        for a, w in zip(got, want, strict=True):
-            torch.testing.assert_close(a, w, rtol=2e-2, atol=2e-2)
+        _compiled_and_reference(lambda x, b: act.bias_gelu(x, b, approximate),
+                                lambda x, b: act.bias_gelu_reference(x, b, approximate), [x, b],
+                                lambda y: (y.float() * 1.5).square().sum())
     g, u = torch.randn(2, 3, 999, device="cuda", dtype=torch.bfloat16).unbind(0)
-    got, want = _compiled_and_reference(act.swiglu, act.swiglu_reference, [g, u],
-                                        lambda y: (y.float() * 1.5).square().sum())
-    for a, w in zip(got, want, strict=True):
-        torch.testing.assert_close(a, w, rtol=2e-2, atol=2e-2)
+    _compiled_and_reference(act.swiglu, act.swiglu_reference, [g, u],
+                            lambda y: (y.float() * 1.5).square().sum())
     q = torch.randn(2, 100, 4, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(2, 100, 2, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     ang = torch.rand(100, 32, device="cuda") * 6
     cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
-    got, want = _compiled_and_reference(
+    _compiled_and_reference(
         lambda q, k: rope(q, k, cos, sin), lambda q, k: rope_reference(q, k, cos, sin), [q, k],
         lambda qk: (qk[0].float().square() * 2).sum() + qk[1].float().sum())
-    for a, w in zip(got, want, strict=True):
-        torch.testing.assert_close(a, w, rtol=2e-2, atol=2e-2)
 
 
 def test_swin_window_kernel_in_the_compiled_training_loop_keeps_the_losses():
