@@ -156,9 +156,10 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
 
     axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
             for w in ("vit", "sd", "llama", "swin")}
-    assert axes["vit"] == ["graphs", "kernels patch"]  # the patch embedding as a GEMM
+    assert axes["vit"] == ["graphs", "kernels patch", "kernels gelu"]  # GEMM patches, MLP
     assert axes["sd"] == ["graphs", "no NHWC"]  # a conv model
-    assert axes["swin"] == ["graphs", "math attention", "kernels window", "kernels patch"]
+    assert axes["swin"] == ["graphs", "math attention", "kernels window", "kernels patch",
+                            "kernels gelu"]
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
     assert axes["llama"] == ["graphs", "kernels loss"]  # a layer with a fused kernel
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
@@ -194,7 +195,9 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     assert (rung.name, rec.kernels) == ("fast: compile + kernels window", "window")
     rung, rec = swin.next({**ok, "rung": rung.name, "throughput": 11.0}, rec)
     assert (rung.name, rec.kernels) == ("fast: compile + kernels patch,window", "patch,window")
-    assert swin.next({**ok, "rung": rung.name, "throughput": 10.5}, rec) is None
+    rung, rec = swin.next({**ok, "rung": rung.name, "throughput": 10.5}, rec)  # patch lost
+    assert (rung.name, rec.kernels) == ("fast: compile + kernels gelu,window", "gelu,window")
+    assert swin.next({**ok, "rung": rung.name, "throughput": 10.9}, rec) is None
     assert swin.best["rung"] == "fast: compile + kernels window"
     rows = [{"rung": "fast: a", "throughput": 9.0, "parity": {"passed": False}},
             {"rung": "fast: b", "throughput": 5.0, "parity": {"passed": True}},
@@ -216,10 +219,11 @@ def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
     verdict = [r for r in rows if r["kind"] == "fast"]
     names = [r["rung"] for r in rows if r["kind"] == "ladder"]
     # one rung per switch, each on top of the best so far; graphs need CUDA (skipped)
-    assert names == ["fp32", "fast: compile", "fast: compile + graphs",
-                     "fast: compile + kernels patch"]
+    assert names[:4] == ["fp32", "fast: compile", "fast: compile + graphs",
+                         "fast: compile + kernels patch"]
+    assert names[4] in ("fast: compile + kernels gelu", "fast: compile + kernels gelu,patch")
     assert next(r for r in rows if r["rung"] == "fast: compile + graphs")["skipped"]
-    assert len(verdict) == 1 and verdict[0]["rung"] in ("fast: compile", "fast: compile + kernels patch")
+    assert len(verdict) == 1 and verdict[0]["rung"] in names[1:]
     chosen = next(r for r in rows if r["rung"] == verdict[0]["rung"] and r["kind"] == "ladder")
     assert load_toml(tmp_path / "fast-vit-tiny.toml").to_dict() == chosen["recipe"]
     assert f"fast preset: '{verdict[0]['rung']}'" in markdown_table(rows)

@@ -183,7 +183,7 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
     C = C3 // 3
     dqkv = torch.empty_like(qkv)
     parts = max(1, min(Bw, programs_cap(qkv.device, LAUNCH["programs_per_sm"]) // heads))
-    dbias = torch.zeros((parts, heads, N, N), device=qkv.device, dtype=torch.float32)
+    dbias = torch.empty((parts, heads, N, N), device=qkv.device, dtype=torch.float32)
     block_n, block_d = _blocks(N, C // heads)
     if Bw > 0:
         launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bias,
