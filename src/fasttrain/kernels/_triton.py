@@ -6,6 +6,10 @@ Under ``TRITON_INTERPRET=1`` (CPU), ``@triton.jit`` gives an interpreted functio
 fake (shape-only) call skips the launch: still no graph break, but a black box to the compiler.
 On a GPU they are ``triton_op``s, so Inductor sees the Triton kernels themselves.
 
+Scalars: Inductor hands a kernel's Python float arguments over as fp64 (the interpreter as
+Python floats), so kernels cast them with ``tl.cast(x, tl.float32)`` before use: fp64 arithmetic
+is slow, and it changes the type of loop-carried values (a compile error).
+
 Interpreted or compiled is fixed when this module is imported (as Triton fixes it at
 ``@triton.jit``): set ``TRITON_INTERPRET=1`` before importing any ``fasttrain.kernels`` module.
 """

@@ -24,12 +24,9 @@ Numerics
     in their own dtype.
 
 torch.compile
-    The kernels are custom ops built with ``torch.library.triton_op`` (launches go through
-    ``torch.library.wrap_triton``) with ``register_autograd`` backwards, so ``torch.compile``
-    traces them without a graph break and sees the Triton kernels themselves. Under
-    ``TRITON_INTERPRET=1`` (CPU) ``wrap_triton`` cannot trace interpreted kernels, so there
-    the same functions are registered with ``torch.library.custom_op`` instead: still no
-    graph break, but each op is a black box to the compiler.
+    The kernels are custom ops with ``register_autograd`` backwards, registered through
+    ``._triton`` (``triton_op`` on a GPU, so Inductor sees the Triton kernels; an opaque
+    ``custom_op`` under the interpreter): no graph break either way.
 
 Inputs may have any leading shape and any last dim D; each program handles one row in the
 forward (a block of rows in the backward) over ``BLOCK_D = next_power_of_2(D)`` masked lanes.
@@ -41,7 +38,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._triton import INTERPRETED, launch, op, programs_cap, sum0
+from ._triton import launch, op, programs_cap, sum0
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_reference", "layer_norm_reference"]
 
@@ -59,6 +56,7 @@ Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr, D, eps,
                     HAS_RES: tl.constexpr, BLOCK_D: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    eps = tl.cast(eps, tl.float32)  # see ._triton: Python floats
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
     off = row * D + cols
@@ -104,6 +102,7 @@ def _rms_bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
 def _ln_fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, D, eps,
                    HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    eps = tl.cast(eps, tl.float32)  # see ._triton: Python floats
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
     off = row * D + cols
@@ -158,10 +157,6 @@ def _ln_bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_
 
 # ----------------------------------------------------------------------------- launch helpers
 
-_INTERPRETED = INTERPRETED  # kept for the tests that check how the module was imported
-_op, _launch = op, launch
-
-
 def _block_and_warps(d: int) -> tuple[int, int]:
     block = triton.next_power_of_2(d)
     return block, min(max(block // 256, 1), 16)
@@ -177,7 +172,7 @@ def _grid_rows(device: torch.device, rows: int) -> tuple[int, int]:
 
 # ----------------------------------------------------------------------------- custom ops
 
-@_op("fasttrain::rms_norm_fwd")
+@op("fasttrain::rms_norm_fwd")
 def _rms_fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
              eps: float) -> Tensors3:
     rows, d = x.shape
@@ -186,13 +181,13 @@ def _rms_fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Te
     rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
     block, warps = _block_and_warps(d)
     if rows > 0:
-        _launch(_rms_fwd_kernel, (rows,),
+        launch(_rms_fwd_kernel, (rows,),
                 x, x if residual is None else residual, weight, y, y if residual is None else h,
                 rstd, d, eps, HAS_RES=residual is not None, BLOCK_D=block, num_warps=warps)
     return y, h, rstd
 
 
-@_op("fasttrain::rms_norm_bwd")
+@op("fasttrain::rms_norm_bwd")
 def _rms_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
              weight: torch.Tensor, rstd: torch.Tensor) -> Tensors2:
     rows, d = h.shape
@@ -201,13 +196,13 @@ def _rms_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
     dw = torch.empty((progs, d), device=h.device, dtype=torch.float32)
     block, warps = _block_and_warps(d)
     if rows > 0:
-        _launch(_rms_bwd_kernel, (progs,),
+        launch(_rms_bwd_kernel, (progs,),
                 dy, dy if dh is None else dh, h, weight, rstd, dx, dw, rows, d, per,
                 HAS_DH=dh is not None, BLOCK_D=block, num_warps=warps)
     return dx, dw.sum(0)
 
 
-@_op("fasttrain::layer_norm_fwd")
+@op("fasttrain::layer_norm_fwd")
 def _ln_fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
             bias: Optional[torch.Tensor], eps: float) -> Tensors4:
     rows, d = x.shape
@@ -217,7 +212,7 @@ def _ln_fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Ten
     rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
     block, warps = _block_and_warps(d)
     if rows > 0:
-        _launch(_ln_fwd_kernel, (rows,),
+        launch(_ln_fwd_kernel, (rows,),
                 x, x if residual is None else residual, weight, weight if bias is None else bias,
                 y, y if residual is None else h, mean, rstd, d, eps,
                 HAS_RES=residual is not None, HAS_BIAS=bias is not None, BLOCK_D=block,
@@ -225,7 +220,7 @@ def _ln_fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Ten
     return y, h, mean, rstd
 
 
-@_op("fasttrain::layer_norm_bwd")
+@op("fasttrain::layer_norm_bwd")
 def _ln_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
             weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> Tensors3:
     rows, d = h.shape
@@ -235,7 +230,7 @@ def _ln_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
     db = torch.empty((progs, d), device=h.device, dtype=torch.float32)
     block, warps = _block_and_warps(d)
     if rows > 0:
-        _launch(_ln_bwd_kernel, (progs,),
+        launch(_ln_bwd_kernel, (progs,),
                 dy, dy if dh is None else dh, h, weight, mean, rstd, dx, dw, db, rows, d, per,
                 HAS_DH=dh is not None, BLOCK_D=block, num_warps=warps)
     return dx, dw.sum(0), db.sum(0)

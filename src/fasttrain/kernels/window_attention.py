@@ -91,7 +91,7 @@ def _fwd_kernel(qkv_ptr, bias_ptr, mask_ptr, out_ptr, lse_ptr, N, C, D, nW, head
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     win = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64
+    scale = tl.cast(scale, tl.float32)  # see ._triton: Python floats
     rows = tl.arange(0, BLOCK_N)
     dcols = tl.arange(0, BLOCK_D)
     q, k, v, s = _scores(qkv_ptr, bias_ptr, mask_ptr, win, head, rows, dcols, N, C, D, nW,
@@ -115,7 +115,7 @@ def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bias_ptr, mask_ptr, dqkv_pt
     part = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     parts = tl.num_programs(0)
-    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64
+    scale = tl.cast(scale, tl.float32)  # see ._triton: Python floats
     rows = tl.arange(0, BLOCK_N)
     dcols = tl.arange(0, BLOCK_D)
     rmask = rows < N
@@ -150,28 +150,31 @@ def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bias_ptr, mask_ptr, dqkv_pt
 
 # ----------------------------------------------------------------------------- custom ops
 
-def _dot_mode(dtype: torch.dtype) -> int:
-    return 1 if dtype == torch.float32 else 2 if INTERPRETED else 0
-
-
-def _blocks(n: int, d: int) -> tuple[int, int]:
-    return max(16, triton.next_power_of_2(n)), max(16, triton.next_power_of_2(d))
+def _shapes(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
+            warps: int) -> tuple[tuple, dict]:
+    """The launch arguments both kernels share, after their pointers: (mask, N, C, head_dim,
+    masks, heads), and their compile-time settings."""
+    _, N, C3 = qkv.shape
+    C = C3 // 3
+    block_n = max(16, triton.next_power_of_2(N))
+    meta = dict(HAS_MASK=mask is not None,
+                DOT=1 if qkv.dtype == torch.float32 else 2 if INTERPRETED else 0,
+                BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(C // heads)),
+                num_stages=LAUNCH["stages"], num_warps=warps * (1 if block_n <= 64 else 2))
+    args = (bias if mask is None else mask, N, C, C // heads,
+            1 if mask is None else mask.shape[0], heads)
+    return args, meta
 
 
 @op("fasttrain::window_attention_fwd")
 def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     Bw, N, C3 = qkv.shape
-    C = C3 // 3
-    out = qkv.new_empty((Bw, N, C))
+    out = qkv.new_empty((Bw, N, C3 // 3))
     lse = torch.empty((Bw, heads, N), device=qkv.device, dtype=torch.float32)
-    block_n, block_d = _blocks(N, C // heads)
     if Bw > 0:
-        launch(_fwd_kernel, (Bw, heads), qkv, bias, bias if mask is None else mask, out, lse,
-               N, C, C // heads, 1 if mask is None else mask.shape[0], heads, scale,
-               HAS_MASK=mask is not None, DOT=_dot_mode(qkv.dtype),
-               BLOCK_N=block_n, BLOCK_D=block_d, num_stages=LAUNCH["stages"],
-               num_warps=LAUNCH["fwd_warps"] * (1 if block_n <= 64 else 2))
+        (mask_arg, *sizes), meta = _shapes(qkv, bias, mask, heads, LAUNCH["fwd_warps"])
+        launch(_fwd_kernel, (Bw, heads), qkv, bias, mask_arg, out, lse, *sizes, scale, **meta)
     return out, lse
 
 
@@ -179,19 +182,14 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
 def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
          bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    Bw, N, C3 = qkv.shape
-    C = C3 // 3
+    Bw, N, _ = qkv.shape
     dqkv = torch.empty_like(qkv)
     parts = max(1, min(Bw, programs_cap(qkv.device, LAUNCH["programs_per_sm"]) // heads))
     dbias = torch.empty((parts, heads, N, N), device=qkv.device, dtype=torch.float32)
-    block_n, block_d = _blocks(N, C // heads)
     if Bw > 0:
-        launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bias,
-               bias if mask is None else mask, dqkv, dbias,
-               Bw, N, C, C // heads, 1 if mask is None else mask.shape[0], heads, scale,
-               HAS_MASK=mask is not None, DOT=_dot_mode(qkv.dtype),
-               BLOCK_N=block_n, BLOCK_D=block_d, num_stages=LAUNCH["stages"],
-               num_warps=LAUNCH["bwd_warps"] * (1 if block_n <= 64 else 2))
+        (mask_arg, *sizes), meta = _shapes(qkv, bias, mask, heads, LAUNCH["bwd_warps"])
+        launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bias, mask_arg, dqkv, dbias,
+               Bw, *sizes, scale, **meta)
     return dqkv, dbias.sum(0)
 
 
