@@ -1,11 +1,13 @@
 """Microbenchmarks of fasttrain's kernels against eager PyTorch and torch.compile of the
 reference, forward + backward, on one CUDA device. One JSONL row per (kernel, shape, variant)
-with the time (median of triton.testing.do_bench, forward + backward; the norms' loss sums y and
-h, so the sums' own kernels are in every variant, while the activations and rope groups
-backpropagate fixed cotangents from their outputs, so only the op's own kernels are timed), the
-achieved TFLOP/s or GB/s against the device's ceilings (H200: ~800 TFLOP/s bf16 matmul,
-4.2 TB/s copy) and the peak memory. GB/s counts the bytes of the minimal reads and writes of
-forward + backward.
+with the time of one step (median of triton.testing.do_bench over CUDA-graph replays of it —
+the kernels' own time, as the fast preset runs them — and, as ``ms_launched``, over steps
+launched from Python, which adds the launch cost that dominates small shapes; the norms' loss
+sums y and h, so the sums' own kernels are in every variant, while the activations, rope and
+window groups backpropagate fixed cotangents from their outputs, so only the op's own kernels
+are timed), the achieved TFLOP/s or GB/s against the device's ceilings (H200: ~800 TFLOP/s
+bf16 matmul, 4.2 TB/s copy) and the peak memory. GB/s counts the bytes of the minimal reads and
+writes of forward + backward.
 
     PYTHONPATH=src python3 benchmarks/kernels_micro.py --out $OUT/kernels-micro.jsonl
 """
@@ -20,9 +22,12 @@ import torch
 from fasttrain.env import environment
 
 
-def _bench(fn, args, grads=None) -> tuple[float, float]:
-    """(ms per forward+backward, peak GiB above the inputs). ``fn`` returns a scalar loss, or
-    with ``grads`` the output tensor(s) that these cotangents are backpropagated from."""
+def _bench(fn, args, grads=None) -> tuple[float, float, float | None]:
+    """(ms per forward+backward launched from Python, ms per CUDA-graph replay of the same
+    step or None where it cannot be captured, peak GiB above the inputs). ``fn`` returns a
+    scalar loss, or with ``grads`` the output tensor(s) these cotangents are backpropagated
+    from. The replay is the kernels' own time (the fast preset runs under CUDA graphs); the
+    launched time adds Python's launch cost, which dominates the small shapes."""
     from triton.testing import do_bench
 
     def step():
@@ -42,17 +47,40 @@ def _bench(fn, args, grads=None) -> tuple[float, float]:
     step()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
-    return do_bench(step, warmup=5, rep=50, return_mode="median"), peak
+    launched = do_bench(step, warmup=5, rep=50, return_mode="median")
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        replayed = do_bench(graph.replay, warmup=5, rep=50, return_mode="median")
+    except RuntimeError as err:
+        print(f"  (not captured in a CUDA graph: {str(err).splitlines()[0][:120]})")
+        replayed = None
+    return launched, replayed, peak
 
 
-def _row(env: dict, kernel: str, variant: str, shape: dict, dtype: str, ms: float, peak: float,
-         rate: tuple[str, float]) -> dict:
-    """One result row, printed as it is made; ``rate`` is ("tflops" | "gb_per_s", value)."""
+def _row(env: dict, kernel: str, variant: str, shape: dict, dtype: str,
+         timed: tuple[float, float | None, float], rate: tuple[str, float]) -> dict:
+    """One result row, printed as it is made; ``timed`` is ``_bench``'s result and ``rate``
+    ("tflops" | "gb_per_s", the work of one step), turned into a rate of the graph replay
+    (of the launched step where there is no replay)."""
+    launched, replayed, peak = timed
+    ms = replayed if replayed is not None else launched
     unit = "TFLOP/s" if rate[0] == "tflops" else "GB/s"
-    print(f"{kernel} {' x '.join(str(v) for v in shape.values())} {variant:24s} {ms:8.3f} ms "
-          f"{rate[1]:7.1f} {unit}  peak {peak:6.2f} GiB", flush=True)
+    value = rate[1] / ms / (1e9 if rate[0] == "tflops" else 1e6)
+    print(f"{kernel} {' x '.join(str(v) for v in shape.values())} {variant:24s} "
+          f"{ms:8.3f} ms (launched {launched:8.3f}) {value:7.1f} {unit}  peak {peak:6.2f} GiB",
+          flush=True)
     return {"kind": "kernel-micro", "kernel": kernel, "variant": variant, "shape": shape,
-            "dtype": dtype, "ms": ms, rate[0]: rate[1], "peak_gib": peak, "env": env}
+            "dtype": dtype, "ms": ms, "ms_launched": launched,
+            "timing": "cuda-graph replay" if replayed is not None else "launched",
+            rate[0]: value, "peak_gib": peak, "env": env}
 
 
 def linear_ce_rows(env: dict) -> list[dict]:
@@ -77,10 +105,10 @@ def linear_ce_rows(env: dict) -> list[dict]:
                     "compiled reference": torch.compile(autocast(linear_cross_entropy_reference)),
                     "fused (chunks of 2048)": autocast(linear_cross_entropy)}
         for name, fn in variants.items():
-            ms, peak = _bench(fn, (h, w))
+            timed = _bench(fn, (h, w))
             rows.append(_row(env, "linear_cross_entropy", name,
                              {"tokens": tokens, "dim": dim, "vocab": vocab},
-                             "bf16 autocast, fp32 weight", ms, peak, ("tflops", flops / ms / 1e9)))
+                             "bf16 autocast, fp32 weight", timed, ("tflops", flops)))
     return rows
 
 
@@ -110,10 +138,9 @@ def norm_rows(env: dict) -> list[dict]:
         variants = {"eager reference": call(ref), "compiled reference": torch.compile(call(ref)),
                     "triton fused": call(getattr(norms, kernel))}
         for name, fn in variants.items():
-            ms, peak = _bench(fn, (x, r, w, b))
+            timed = _bench(fn, (x, r, w, b))
             rows.append(_row(env, f"add+{kernel}", name, {"rows": n, "dim": d, "model": where},
-                             "bf16 activations, fp32 weight", ms, peak,
-                             ("gb_per_s", moved / ms / 1e6)))
+                             "bf16 activations, fp32 weight", timed, ("gb_per_s", moved)))
     return rows
 
 
@@ -148,9 +175,9 @@ def fp8_rows(env: dict) -> list[dict]:
         variants = {"bf16 compiled": torch.compile(call(plain)),
                     "fp8 compiled": torch.compile(call(fp8)), "fp8 eager": call(fp8)}
         for name, fn in variants.items():
-            ms, peak = _bench(fn, (x,))
+            timed = _bench(fn, (x,))
             rows.append(_row(env, "linear", name, {"tokens": m, "in": k, "out": n, "model": where},
-                             "bf16 autocast, fp32 weight", ms, peak, ("tflops", flops / ms / 1e9)))
+                             "bf16 autocast, fp32 weight", timed, ("tflops", flops)))
     return rows
 
 
@@ -174,10 +201,9 @@ def activation_rows(env: dict) -> list[dict]:
                     "compiled reference": torch.compile(act.bias_gelu_reference),
                     "triton fused": act.bias_gelu}
         for name, fn in variants.items():
-            ms, peak = _bench(fn, (x, b), (dy,))
+            timed = _bench(fn, (x, b), (dy,))
             rows.append(_row(env, "bias+gelu", name, {"rows": n, "dim": d, "model": where},
-                             "bf16 activations, fp32 bias", ms, peak,
-                             ("gb_per_s", moved / ms / 1e6)))
+                             "bf16 activations, fp32 bias", timed, ("gb_per_s", moved)))
 
     for where, n, h in [("llama-1B", 8192, 8192)]:
         gate, up = (torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -191,9 +217,9 @@ def activation_rows(env: dict) -> list[dict]:
                     "compiled reference": torch.compile(act.swiglu_reference),
                     "triton fused": act.swiglu}
         for name, fn in variants.items():
-            ms, peak = _bench(fn, (gate, up), (dy,))
+            timed = _bench(fn, (gate, up), (dy,))
             rows.append(_row(env, "swiglu", name, {"tokens": n, "hidden": h, "model": where},
-                             "bf16", ms, peak, ("gb_per_s", moved / ms / 1e6)))
+                             "bf16", timed, ("gb_per_s", moved)))
     return rows
 
 
@@ -229,11 +255,11 @@ def rope_rows(env: dict) -> list[dict]:
                     "compiled reference": torch.compile(call(rope_kernels.rope_reference)),
                     "triton fused": call(rope_kernels.rope)}
         for name, fn in variants.items():
-            ms, peak = _bench(fn, (q, k), grads)
+            timed = _bench(fn, (q, k), grads)
             rows.append(_row(env, "rope", name,
                              {"batch": b, "seq": t, "q_heads": hq, "kv_heads": hk, "head_dim": d,
                               "model": where},
-                             "bf16, fp32 cos/sin", ms, peak, ("gb_per_s", moved / ms / 1e6)))
+                             "bf16, fp32 cos/sin", timed, ("gb_per_s", moved)))
     return rows
 
 
@@ -275,11 +301,11 @@ def window_rows(env: dict) -> list[dict]:
                     "compiled math attention": torch.compile(math),
                     "triton fused": window_attention}
         for name, fn in variants.items():
-            ms, peak = _bench(lambda q, b: fn(q, b, mask, heads), (qkv, bias), (dy,))
+            timed = _bench(lambda q, b: fn(q, b, mask, heads), (qkv, bias), (dy,))
             rows.append(_row(env, "window-attention", name,
                              {"stage": stage, "windows": windows, "tokens": N, "heads": heads,
                               "dim": dim, "shifted": mask is not None},
-                             "bf16 qkv, fp32 bias", ms, peak, ("gb_per_s", moved / ms / 1e6)))
+                             "bf16 qkv, fp32 bias", timed, ("gb_per_s", moved)))
     return rows
 
 

@@ -1,13 +1,17 @@
-"""Launch settings of the window-attention kernel on one CUDA device: forward + backward time
-of Swin-B's stage 1 and stage 3 windows (batch 64) for each setting of
-``kernels.window_attention.LAUNCH`` tried, one JSONL row each. Also compiles the op with
-Inductor in-process and records its traceback if that fails.
+"""Launch settings of the window-attention kernel on one CUDA device: forward, and forward +
+backward, time of Swin-B's four stages (batch 64, 7×7 windows, shifted blocks' masks) for each
+setting of ``kernels.window_attention.LAUNCH`` tried, one JSONL row each, timed by CUDA-graph
+replay (the kernels' GPU time, not Python's launch cost: the fast preset runs under graphs).
+``--module`` times another copy of the kernel module the same way (e.g. an earlier commit's, to
+compare). Also compiles the op with Inductor in-process and records its traceback if that
+fails, and the registers and spills of each compiled kernel.
 
     PYTHONPATH=src python3 benchmarks/window_tune.py --out $OUT/window-tune.jsonl
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
 import traceback
@@ -17,12 +21,14 @@ import torch
 
 from fasttrain.env import environment
 
+STAGES = [(1, 4096, 4, 128, 56), (2, 1024, 8, 256, 28), (3, 256, 16, 512, 14),
+          (4, 64, 32, 1024, 7)]  # stage, windows, heads, channels, resolution (batch 64)
 
-def compiled_check() -> str | None:
-    """None if Inductor compiles the op (fwd + bwd) and matches eager, else the traceback."""
+
+def compiled_check(wa) -> str | None:
+    """None if Inductor compiles the op (fwd + bwd), else the traceback."""
     import torch._inductor.config as cfg
 
-    from fasttrain.kernels.window_attention import window_attention
     from fasttrain.workloads.swin import shift_mask
 
     cfg.compile_threads = 1  # the compile error in this process, not in a worker's
@@ -30,47 +36,102 @@ def compiled_check() -> str | None:
     bias = torch.randn(4, 49, 49, device="cuda", requires_grad=True)
     mask = shift_mask(28, 7, 3).cuda()
     try:
-        out = torch.compile(lambda q, b: window_attention(q, b, mask, 4) * 2)(qkv, bias)
+        out = torch.compile(lambda q, b: wa.window_attention(q, b, mask, 4) * 2)(qkv, bias)
         out.float().sum().backward()
         return None
     except Exception:  # noqa: BLE001 - the point is to record it
         return traceback.format_exc()
 
 
-def main() -> int:
+def graph_ms(fn) -> float:
+    """Median ms of one replay of ``fn`` captured in a CUDA graph."""
     from triton.testing import do_bench
 
-    from fasttrain.kernels import window_attention as wa
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=10, rep=50, return_mode="median")
+
+
+def kernel_resources(wa) -> list[dict]:
+    """Registers, spills and shared memory of every compiled variant of the module's kernels."""
+    found = []
+    for name in ("_fwd_kernel", "_bwd_kernel"):
+        caches = getattr(getattr(wa, name), "device_caches", {})
+        for cache in caches.values():
+            for key, kernel in (cache[0] if isinstance(cache, tuple) else cache).items():
+                try:
+                    found.append({"kernel": name, "key": str(key)[-160:],
+                                  "registers": kernel.n_regs, "spills": kernel.n_spills,
+                                  "shared": kernel.metadata.shared,
+                                  "warps": kernel.metadata.num_warps})
+                except AttributeError:
+                    continue
+    return found
+
+
+def main() -> int:
     from fasttrain.workloads.swin import shift_mask
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--module", default="fasttrain.kernels.window_attention",
+                    help="the kernel module to time (importable)")
+    ap.add_argument("--label", default="current")
     args = ap.parse_args()
+    wa = importlib.import_module(args.module)
     env = environment("cuda")
-    rows = [{"kind": "window-compile-check", "traceback": compiled_check(), "env": env}]
+    base = {"module": args.module, "label": args.label, "env": env}
+    rows = [{"kind": "window-compile-check", "traceback": compiled_check(wa), **base}]
     print("inductor:", rows[0]["traceback"] or "compiled", flush=True)
-    for stage, windows, heads, dim, res in [(1, 4096, 4, 128, 56), (3, 256, 16, 512, 14)]:
+    fwd_settings = [dict(fwd_warps=w) for w in (2, 4, 8)]
+    bwd_settings = [dict(bwd_warps=w, stages=s, programs_per_sm=p, keys_major=k)
+                    for w, s, p, k in itertools.product((4, 8), (1, 3), (1, 2, 4), (False, True))
+                    if "keys_major" in wa.LAUNCH or not k]
+    default = dict(wa.LAUNCH)
+
+    def record(row: dict) -> None:
+        rows.append({**row, **base})
+        print(json.dumps(row), flush=True)
+
+    for stage, windows, heads, dim, res in STAGES:
         qkv = torch.randn(windows, 49, 3 * dim, device="cuda", dtype=torch.bfloat16,
                           requires_grad=True)
         bias = torch.randn(heads, 49, 49, device="cuda", requires_grad=True)
-        mask = shift_mask(res, 7, 3).cuda()
+        mask = shift_mask(res, 7, 3).cuda() if res > 7 else None
         dy = torch.randn(windows, 49, dim, device="cuda", dtype=torch.bfloat16)
-        for fw, stages in itertools.product((2, 4, 8), (1, 2, 3)):  # the forward's settings
-            wa.LAUNCH.update(fwd_warps=fw, stages=stages)
-            ms = do_bench(lambda: wa.window_attention(qkv, bias, mask, heads), warmup=5, rep=30)
-            rows.append({"kind": "window-tune", "pass": "forward", "stage": stage,
-                         "fwd_warps": fw, "stages": stages, "ms": ms, "env": env})
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "env"}), flush=True)
-        for bw, per_sm, stages in itertools.product((4, 8), (4, 8, 16), (1, 2, 3)):
-            wa.LAUNCH.update(bwd_warps=bw, programs_per_sm=per_sm, stages=stages)
-            out = wa.window_attention(qkv, bias, mask, heads)
-            ms = do_bench(lambda: torch.autograd.grad(out, (qkv, bias), dy, retain_graph=True),
-                          warmup=5, rep=30)
-            rows.append({"kind": "window-tune", "pass": "backward", "stage": stage,
-                         "bwd_warps": bw, "programs_per_sm": per_sm, "stages": stages,
-                         "ms": ms, "env": env})
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "env"}), flush=True)
-    Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+        def forward():
+            with torch.no_grad():
+                wa.window_attention(qkv, bias, mask, heads)
+
+        def both():
+            torch.autograd.grad(wa.window_attention(qkv, bias, mask, heads), (qkv, bias), dy)
+
+        for setting in fwd_settings:
+            wa.LAUNCH.update(default, **setting)
+            record({"kind": "window-tune", "pass": "forward", "stage": stage, **setting,
+                    "ms": graph_ms(forward)})
+        for setting in bwd_settings:
+            wa.LAUNCH.update(default, **setting)
+            try:
+                ms = graph_ms(both)
+            except Exception as err:  # noqa: BLE001 - a setting that fails is a result
+                ms, setting = None, {**setting, "error": str(err).splitlines()[0][:200]}
+            record({"kind": "window-tune", "pass": "forward+backward", "stage": stage,
+                    **setting, "ms": ms})
+    wa.LAUNCH.update(default)
+    rows += [{"kind": "window-kernel-resources", **r, **base} for r in kernel_resources(wa)]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
     return 0
 
 

@@ -9,13 +9,18 @@ What is fused
     (N = 49 tokens for Swin's 7×7) lives in one tile padded to a power of two (64), so the odd
     size costs masked lanes, not the unaligned GEMMs that batched matmuls of 49 × 49 × 32 run
     (cuBLAS picks align-1 kernels for them: the top kernel of
-    profile-swin-base-20261121-061841). The forward keeps one log-sum-exp per row.
+    profile-swin-base-20261121-061841). Bias and mask are first summed into one padded
+    (nW, heads, 64, 64) tile set in the inputs' dtype (-inf on padded keys), so each program
+    reads its addend in one aligned, unmasked load (the separate fp32 bias and mask tiles,
+    loaded with masks, cost twice the registers and most of the forward's time). The forward
+    keeps one log-sum-exp per row.
 
     The backward recomputes the probabilities per window and writes dq, dk, dv into one
-    (Bw, N, 3·C) gradient — the layout the qkv projection's backward reads. The bias gradient
-    is the sum of the score gradients over all windows: each program walks a strided set of
-    windows for one head, sums their score gradients in registers and writes one partial,
-    which a final ``torch.sum`` reduces (no atomics, no (Bw, heads, N, N) tensor).
+    (Bw, N, 3·C) gradient — the layout the qkv projection's backward reads. rowsum(dO ∘ O) is
+    one reduction before it. The bias gradient is the sum of the score gradients over all
+    windows: each program walks a strided set of windows for one head, sums their score
+    gradients in registers and writes one partial, which a final ``torch.sum`` reduces (no
+    atomics, no (Bw, heads, N, N) tensor).
 
 When it helps
     Swin's window attention, eager or compiled: compile's decomposed attention runs two
@@ -25,10 +30,11 @@ When it helps
     tile; the Swin layer keeps its plain path for them.
 
 Numerics
-    Scores, softmax and every reduction in fp32; the probabilities are rounded to the input
+    bias + mask is rounded to the inputs' dtype once (as SDPA under autocast takes its mask);
+    scores, softmax and every reduction in fp32; the probabilities are rounded to the input
     dtype before they multiply v (as flash attention does). fp32 inputs multiply in full fp32
     (no TF32). ``bias`` and ``mask`` may be fp32 while qkv is bf16/fp16; the bias gradient
-    comes back in the bias's dtype.
+    (summed in fp32) comes back in the bias's dtype.
 """
 from __future__ import annotations
 
@@ -44,9 +50,11 @@ __all__ = ["window_attention", "window_attention_reference", "MAX_TOKENS"]
 
 MAX_TOKENS = 128  # tokens per window that one tile holds (a 64 × 64 or 128 × 128 score tile)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Launch settings (H200, benchmarks/window_tune.py): warps per program, and for the backward
-# the persistent programs per SM, each summing one bias partial over its windows.
-LAUNCH = {"fwd_warps": 4, "bwd_warps": 8, "programs_per_sm": 4, "stages": 3}
+# Launch settings (H200, benchmarks/window_tune.py): warps per program; for the backward the
+# persistent programs per SM, each summing one bias partial over its windows, and whether its
+# tiles hold keys on the rows (one transpose fewer).
+LAUNCH = {"fwd_warps": 4, "bwd_warps": 8, "programs_per_sm": 4, "stages": 3,
+          "keys_major": False}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -66,36 +74,26 @@ def _dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def _scores(qkv_ptr, bias_ptr, mask_ptr, win, head, rows, dcols, N, C, D, nW, scale,
-            HAS_MASK: tl.constexpr, DOT: tl.constexpr):
-    """q, k, v tiles of one window and head, and its scores with bias and mask (fp32)."""
-    rmask = rows < N
-    ld = rmask[:, None] & (dcols < D)[None, :]
+def _load_qkv(qkv_ptr, win, head, rows, dcols, N, C, D):
+    """q, k and v tiles (BLOCK_N × BLOCK_D) of one window and head; padded rows and columns 0."""
+    ld = (rows < N)[:, None] & (dcols < D)[None, :]
     ptrs = qkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :]
-    q = tl.load(ptrs, mask=ld, other=0.0)
-    k = tl.load(ptrs + C, mask=ld, other=0.0)
-    v = tl.load(ptrs + 2 * C, mask=ld, other=0.0)
-    s = _dot(q, tl.trans(k), DOT)
-    nn = rmask[:, None] & rmask[None, :]
-    pair = rows[:, None] * N + rows[None, :]
-    s = s * scale + tl.load(bias_ptr + head * N * N + pair, mask=nn, other=0.0).to(tl.float32)
-    if HAS_MASK:
-        s += tl.load(mask_ptr + (win % nW) * N * N + pair, mask=nn, other=0.0).to(tl.float32)
-    s = tl.where(rmask[None, :], s, float("-inf"))  # padded keys take no probability
-    return q, k, v, s
+    return (tl.load(ptrs, mask=ld, other=0.0), tl.load(ptrs + C, mask=ld, other=0.0),
+            tl.load(ptrs + 2 * C, mask=ld, other=0.0))
 
 
 @triton.jit
-def _fwd_kernel(qkv_ptr, bias_ptr, mask_ptr, out_ptr, lse_ptr, N, C, D, nW, heads, scale,
-                HAS_MASK: tl.constexpr, DOT: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, N, C, D, nW, heads, scale,
+                DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     win = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     scale = tl.cast(scale, tl.float32)  # see ._triton: Python floats
     rows = tl.arange(0, BLOCK_N)
     dcols = tl.arange(0, BLOCK_D)
-    q, k, v, s = _scores(qkv_ptr, bias_ptr, mask_ptr, win, head, rows, dcols, N, C, D, nW,
-                         scale, HAS_MASK, DOT)
+    q, k, v = _load_qkv(qkv_ptr, win, head, rows, dcols, N, C, D)
+    tile = rows[:, None] * BLOCK_N + rows[None, :]
+    bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N + tile)
+    s = _dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32)
     m = tl.reduce(s, 1, maximum)
     p = tl.exp(s - m[:, None])
     denom = tl.reduce(p, 1, add)
@@ -108,9 +106,9 @@ def _fwd_kernel(qkv_ptr, bias_ptr, mask_ptr, out_ptr, lse_ptr, N, C, D, nW, head
 
 
 @triton.jit
-def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bias_ptr, mask_ptr, dqkv_ptr, dbias_ptr,
+def _bwd_kernel(dout_ptr, qkv_ptr, delta_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr,
                 Bw, N, C, D, nW, heads, scale,
-                HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+                DOT: tl.constexpr, KEYS_MAJOR: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     part = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -120,50 +118,64 @@ def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bias_ptr, mask_ptr, dqkv_pt
     dcols = tl.arange(0, BLOCK_D)
     rmask = rows < N
     ld = rmask[:, None] & (dcols < D)[None, :]
+    if KEYS_MAJOR:  # tiles hold (key j, query i): one transpose fewer
+        tile = rows[None, :] * BLOCK_N + rows[:, None]
+    else:
+        tile = rows[:, None] * BLOCK_N + rows[None, :]
     dbias = tl.full((BLOCK_N, BLOCK_N), 0.0, tl.float32)
     for i in range(0, tl.cdiv(Bw - part, parts)):
         win = part + i * parts  # windows part, part + parts, …: neighbours run side by side
-        q, k, v, s = _scores(qkv_ptr, bias_ptr, mask_ptr, win, head, rows, dcols, N, C, D, nW,
-                             scale, HAS_MASK, DOT)
-        lse = tl.load(lse_ptr + (win * heads + head) * N + rows, mask=rmask, other=0.0)
-        p = tl.exp(s - lse[:, None])
-        tok = win * N * C + rows[:, None] * C + head * D + dcols[None, :]
-        do = tl.load(dout_ptr + tok, mask=ld, other=0.0)
-        o = tl.load(out_ptr + tok, mask=ld, other=0.0)
-        delta = tl.reduce(do.to(tl.float32) * o.to(tl.float32), 1, add)
-        dv = _dot(tl.trans(p.to(do.dtype)), do, DOT)
-        dp = _dot(do, tl.trans(v), DOT)
-        ds = p * (dp - delta[:, None])  # zero on padded rows (do = 0) and keys (p = 0)
-        dbias += ds
-        ds_low = ds.to(q.dtype)
-        dq = _dot(ds_low, k, DOT) * scale
-        dk = _dot(tl.trans(ds_low), q, DOT) * scale
+        q, k, v = _load_qkv(qkv_ptr, win, head, rows, dcols, N, C, D)
+        bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N + tile)
+        at = (win * heads + head) * N + rows
+        lse = tl.load(lse_ptr + at, mask=rmask, other=0.0)
+        delta = tl.load(delta_ptr + at, mask=rmask, other=0.0)
+        do = tl.load(dout_ptr + win * N * C + rows[:, None] * C + head * D + dcols[None, :],
+                     mask=ld, other=0.0)
+        if KEYS_MAJOR:
+            p = tl.exp(_dot(k, tl.trans(q), DOT) * scale + bm.to(tl.float32) - lse[None, :])
+            dv = _dot(p.to(do.dtype), do, DOT)
+            ds = p * (_dot(v, tl.trans(do), DOT) - delta[None, :])
+            ds_low = ds.to(q.dtype)
+            dk = _dot(ds_low, q, DOT) * scale
+            dq = _dot(tl.trans(ds_low), k, DOT) * scale
+        else:
+            p = tl.exp(_dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32) - lse[:, None])
+            dv = _dot(tl.trans(p.to(do.dtype)), do, DOT)
+            ds = p * (_dot(do, tl.trans(v), DOT) - delta[:, None])
+            ds_low = ds.to(q.dtype)
+            dq = _dot(ds_low, k, DOT) * scale
+            dk = _dot(tl.trans(ds_low), q, DOT) * scale
+        dbias += ds  # zero on padded queries (do = 0) and keys (p = 0)
         grad = dqkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :]
         ty = dqkv_ptr.dtype.element_ty
         tl.store(grad, dq.to(ty), mask=ld)
         tl.store(grad + C, dk.to(ty), mask=ld)
         tl.store(grad + 2 * C, dv.to(ty), mask=ld)
-    nn = rmask[:, None] & rmask[None, :]
-    pair = rows[:, None] * N + rows[None, :]
-    tl.store(dbias_ptr + (part * heads + head) * N * N + pair, dbias, mask=nn)
+    tl.store(dbias_ptr + (part * heads + head) * BLOCK_N * BLOCK_N + tile, dbias)
 
 
 # ----------------------------------------------------------------------------- custom ops
 
-def _shapes(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
-            warps: int) -> tuple[tuple, dict]:
-    """The launch arguments both kernels share, after their pointers: (mask, N, C, head_dim,
-    masks, heads), and their compile-time settings."""
+def _bias_tiles(bias: torch.Tensor, mask: Optional[torch.Tensor], dtype: torch.dtype,
+                block_n: int) -> torch.Tensor:
+    """bias + mask as (nW, heads, block_n, block_n) tiles in ``dtype`` (the scores' other
+    addend, as SDPA takes its mask in the inputs' dtype): padded keys -inf, padded queries 0.
+    One aligned, unmasked load per window and head; built per call (nW · heads tiles)."""
+    N = bias.shape[-1]
+    bm = bias.float()[None] if mask is None else bias.float()[None] + mask.float()[:, None]
+    bm = torch.nn.functional.pad(bm, (0, block_n - N), value=float("-inf"))
+    return torch.nn.functional.pad(bm, (0, 0, 0, block_n - N)).to(dtype).contiguous()
+
+
+def _shapes(qkv: torch.Tensor, heads: int, warps: int) -> tuple[int, dict]:
+    """The tile size and the compile-time settings both kernels share."""
     _, N, C3 = qkv.shape
-    C = C3 // 3
     block_n = max(16, triton.next_power_of_2(N))
-    meta = dict(HAS_MASK=mask is not None,
-                DOT=1 if qkv.dtype == torch.float32 else 2 if INTERPRETED else 0,
-                BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(C // heads)),
+    meta = dict(DOT=1 if qkv.dtype == torch.float32 else 2 if INTERPRETED else 0,
+                BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(C3 // 3 // heads)),
                 num_stages=LAUNCH["stages"], num_warps=warps * (1 if block_n <= 64 else 2))
-    args = (bias if mask is None else mask, N, C, C // heads,
-            1 if mask is None else mask.shape[0], heads)
-    return args, meta
+    return block_n, meta
 
 
 @op("fasttrain::window_attention_fwd")
@@ -173,8 +185,10 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
     out = qkv.new_empty((Bw, N, C3 // 3))
     lse = torch.empty((Bw, heads, N), device=qkv.device, dtype=torch.float32)
     if Bw > 0:
-        (mask_arg, *sizes), meta = _shapes(qkv, bias, mask, heads, LAUNCH["fwd_warps"])
-        launch(_fwd_kernel, (Bw, heads), qkv, bias, mask_arg, out, lse, *sizes, scale, **meta)
+        block_n, meta = _shapes(qkv, heads, LAUNCH["fwd_warps"])
+        bm = _bias_tiles(bias, mask, qkv.dtype, block_n)
+        launch(_fwd_kernel, (Bw, heads), qkv, bm, out, lse, N, C3 // 3, C3 // 3 // heads,
+               bm.shape[0], heads, scale, **meta)
     return out, lse
 
 
@@ -182,15 +196,22 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
 def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
          bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    Bw, N, _ = qkv.shape
+    Bw, N, C3 = qkv.shape
     dqkv = torch.empty_like(qkv)
     parts = max(1, min(Bw, programs_cap(qkv.device, LAUNCH["programs_per_sm"]) // heads))
-    dbias = torch.empty((parts, heads, N, N), device=qkv.device, dtype=torch.float32)
+    block_n, meta = _shapes(qkv, heads, LAUNCH["bwd_warps"])
+    dbias = torch.empty((parts, heads, block_n, block_n), device=qkv.device,
+                        dtype=torch.float32)
     if Bw > 0:
-        (mask_arg, *sizes), meta = _shapes(qkv, bias, mask, heads, LAUNCH["bwd_warps"])
-        launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bias, mask_arg, dqkv, dbias,
-               Bw, *sizes, scale, **meta)
-    return dqkv, dbias.sum(0)
+        bm = _bias_tiles(bias, mask, qkv.dtype, block_n)
+        # rowsum(dO ∘ O) per query and head, the softmax backward's correction
+        delta = (dout.float() * out.float()).view(Bw, N, heads, -1).sum(-1)
+        launch(_bwd_kernel, (parts, heads), dout, qkv, delta.transpose(1, 2).contiguous(),
+               lse, bm, dqkv, dbias, Bw, N, C3 // 3, C3 // 3 // heads, bm.shape[0], heads,
+               scale, KEYS_MAJOR=LAUNCH["keys_major"], **meta)
+    else:
+        dbias.zero_()
+    return dqkv, dbias.sum(0)[:, :N, :N]
 
 
 def _setup(ctx, inputs, output) -> None:
@@ -251,15 +272,18 @@ def window_attention(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch
 def window_attention_reference(qkv: torch.Tensor, bias: torch.Tensor,
                                mask: Optional[torch.Tensor], heads: int,
                                scale: float | None = None) -> torch.Tensor:
-    """Plain-PyTorch ``window_attention``: fp32 (or wider) scores and softmax, the
-    probabilities rounded to qkv's dtype as the kernel does, output in qkv's dtype."""
+    """Plain-PyTorch ``window_attention``: bias + mask rounded to qkv's dtype before they are
+    added (as the kernel, and SDPA under autocast, take them), fp32 (or wider) scores and
+    softmax, the probabilities rounded to qkv's dtype as the kernel does, output in qkv's
+    dtype."""
     Bw, N, C3 = qkv.shape
     head_dim = C3 // (3 * heads)
     scale = head_dim ** -0.5 if scale is None else scale
     acc = torch.promote_types(qkv.dtype, torch.float32)
     q, k, v = qkv.to(acc).view(Bw, N, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    s = (q @ k.transpose(-1, -2)) * scale + bias.to(acc)
-    if mask is not None:
-        s = (s.view(-1, mask.shape[0], heads, N, N) + mask.to(acc)[:, None]).view(Bw, heads, N, N)
+    add = bias.to(acc)[None] if mask is None else bias.to(acc)[None] + mask.to(acc)[:, None]
+    add = add.to(qkv.dtype).to(acc)  # (nW, heads, N, N): window b takes add[b % nW]
+    s = (q @ k.transpose(-1, -2)) * scale
+    s = (s.view(-1, add.shape[0], heads, N, N) + add).view(Bw, heads, N, N)
     p = s.softmax(-1).to(qkv.dtype).to(acc)
     return (p @ v).transpose(1, 2).reshape(Bw, N, C3 // 3).to(qkv.dtype)
