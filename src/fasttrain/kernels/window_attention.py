@@ -16,9 +16,8 @@ What is fused
     keeps one log-sum-exp per row.
 
     The backward recomputes the probabilities per window and writes dq, dk, dv into one
-    (Bw, N, 3·C) gradient — the layout the qkv projection's backward reads. rowsum(dO ∘ O) is
-    one reduction before it. The bias gradient is the sum of the score gradients over all
-    windows: each program walks a strided set of windows for one head, sums their score
+    (Bw, N, 3·C) gradient — the layout the qkv projection's backward reads. The bias gradient
+    is the sum of the score gradients over all windows: each program walks a strided set of windows for one head, sums their score
     gradients in registers and writes one partial, which a final ``torch.sum`` reduces (no
     atomics, no (Bw, heads, N, N) tensor).
 
@@ -51,10 +50,9 @@ __all__ = ["window_attention", "window_attention_reference", "MAX_TOKENS"]
 MAX_TOKENS = 128  # tokens per window that one tile holds (a 64 × 64 or 128 × 128 score tile)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Launch settings (H200, benchmarks/window_tune.py): warps per program; for the backward the
-# persistent programs per SM, each summing one bias partial over its windows, and whether its
-# tiles hold keys on the rows (one transpose fewer).
-LAUNCH = {"fwd_warps": 4, "bwd_warps": 8, "programs_per_sm": 4, "stages": 3,
-          "keys_major": False}
+# persistent programs per SM, each summing one bias partial over its windows, and its query rows
+# in 1 or 2 blocks.
+LAUNCH = {"fwd_warps": 4, "bwd_warps": 4, "programs_per_sm": 2, "stages": 3, "row_split": 1}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -106,53 +104,73 @@ def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, N, C, D, nW, heads, scale,
 
 
 @triton.jit
-def _bwd_kernel(dout_ptr, qkv_ptr, delta_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr,
+def _bwd_rows(qkv_ptr, dout_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, k, v, win, head, rows,
+              keys, dcols, N, C, D, nW, heads, scale,
+              DOT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One block of query rows of one window and head: dq (stored), this block's share of dk
+    and dv (unscaled dk), and its score gradients (rows × keys) for the bias gradient."""
+    rmask = rows < N
+    ld = rmask[:, None] & (dcols < D)[None, :]
+    q = tl.load(qkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :],
+                mask=ld, other=0.0)
+    tok = win * N * C + rows[:, None] * C + head * D + dcols[None, :]
+    do = tl.load(dout_ptr + tok, mask=ld, other=0.0)
+    o = tl.load(out_ptr + tok, mask=ld, other=0.0)
+    delta = tl.reduce(do.to(tl.float32) * o.to(tl.float32), 1, add)  # rowsum(dO ∘ O)
+    lse = tl.load(lse_ptr + (win * heads + head) * N + rows, mask=rmask, other=0.0)
+    bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N
+                 + rows[:, None] * BLOCK_N + keys[None, :])
+    p = tl.exp(_dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32) - lse[:, None])
+    dv = _dot(tl.trans(p.to(do.dtype)), do, DOT)
+    ds = p * (_dot(do, tl.trans(v), DOT) - delta[:, None])  # 0 on padded queries and keys
+    ds_low = ds.to(q.dtype)
+    dq = _dot(ds_low, k, DOT) * scale
+    tl.store(dqkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :],
+             dq.to(dqkv_ptr.dtype.element_ty), mask=ld)
+    return _dot(tl.trans(ds_low), q, DOT), dv, ds
+
+
+@triton.jit
+def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr,
                 Bw, N, C, D, nW, heads, scale,
-                DOT: tl.constexpr, KEYS_MAJOR: tl.constexpr,
+                DOT: tl.constexpr, SPLIT: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Persistent: program (part, head) walks windows part, part + parts, … (neighbours run
+    side by side) and sums their score gradients into one bias partial. SPLIT: query rows in
+    1 or 2 blocks (two halves hold half the score tiles in registers at a time)."""
     part = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     parts = tl.num_programs(0)
     scale = tl.cast(scale, tl.float32)  # see ._triton: Python floats
-    rows = tl.arange(0, BLOCK_N)
+    ROWS: tl.constexpr = BLOCK_N // SPLIT
+    keys = tl.arange(0, BLOCK_N)
     dcols = tl.arange(0, BLOCK_D)
-    rmask = rows < N
-    ld = rmask[:, None] & (dcols < D)[None, :]
-    if KEYS_MAJOR:  # tiles hold (key j, query i): one transpose fewer
-        tile = rows[None, :] * BLOCK_N + rows[:, None]
-    else:
-        tile = rows[:, None] * BLOCK_N + rows[None, :]
-    dbias = tl.full((BLOCK_N, BLOCK_N), 0.0, tl.float32)
+    ld = (keys < N)[:, None] & (dcols < D)[None, :]
+    dbias0 = tl.full((ROWS, BLOCK_N), 0.0, tl.float32)
+    dbias1 = tl.full((ROWS, BLOCK_N), 0.0, tl.float32)
     for i in range(0, tl.cdiv(Bw - part, parts)):
-        win = part + i * parts  # windows part, part + parts, …: neighbours run side by side
-        q, k, v = _load_qkv(qkv_ptr, win, head, rows, dcols, N, C, D)
-        bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N + tile)
-        at = (win * heads + head) * N + rows
-        lse = tl.load(lse_ptr + at, mask=rmask, other=0.0)
-        delta = tl.load(delta_ptr + at, mask=rmask, other=0.0)
-        do = tl.load(dout_ptr + win * N * C + rows[:, None] * C + head * D + dcols[None, :],
-                     mask=ld, other=0.0)
-        if KEYS_MAJOR:
-            p = tl.exp(_dot(k, tl.trans(q), DOT) * scale + bm.to(tl.float32) - lse[None, :])
-            dv = _dot(p.to(do.dtype), do, DOT)
-            ds = p * (_dot(v, tl.trans(do), DOT) - delta[None, :])
-            ds_low = ds.to(q.dtype)
-            dk = _dot(ds_low, q, DOT) * scale
-            dq = _dot(tl.trans(ds_low), k, DOT) * scale
-        else:
-            p = tl.exp(_dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32) - lse[:, None])
-            dv = _dot(tl.trans(p.to(do.dtype)), do, DOT)
-            ds = p * (_dot(do, tl.trans(v), DOT) - delta[:, None])
-            ds_low = ds.to(q.dtype)
-            dq = _dot(ds_low, k, DOT) * scale
-            dk = _dot(tl.trans(ds_low), q, DOT) * scale
-        dbias += ds  # zero on padded queries (do = 0) and keys (p = 0)
-        grad = dqkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :]
+        win = part + i * parts
+        kv = win * N * 3 * C + keys[:, None] * 3 * C + head * D + dcols[None, :] + C
+        k = tl.load(qkv_ptr + kv, mask=ld, other=0.0)
+        v = tl.load(qkv_ptr + kv + C, mask=ld, other=0.0)
+        dk, dv, ds = _bwd_rows(qkv_ptr, dout_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, k, v,
+                               win, head, tl.arange(0, ROWS), keys, dcols, N, C, D, nW, heads,
+                               scale, DOT, BLOCK_N)
+        dbias0 += ds
+        if SPLIT == 2:
+            dk1, dv1, ds1 = _bwd_rows(qkv_ptr, dout_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr,
+                                      k, v, win, head, ROWS + tl.arange(0, ROWS), keys, dcols,
+                                      N, C, D, nW, heads, scale, DOT, BLOCK_N)
+            dk += dk1
+            dv += dv1
+            dbias1 += ds1
         ty = dqkv_ptr.dtype.element_ty
-        tl.store(grad, dq.to(ty), mask=ld)
-        tl.store(grad + C, dk.to(ty), mask=ld)
-        tl.store(grad + 2 * C, dv.to(ty), mask=ld)
-    tl.store(dbias_ptr + (part * heads + head) * BLOCK_N * BLOCK_N + tile, dbias)
+        tl.store(dqkv_ptr + kv, (dk * scale).to(ty), mask=ld)
+        tl.store(dqkv_ptr + kv + C, dv.to(ty), mask=ld)
+    at = dbias_ptr + (part * heads + head) * BLOCK_N * BLOCK_N + keys[None, :]
+    tl.store(at + tl.arange(0, ROWS)[:, None] * BLOCK_N, dbias0)
+    if SPLIT == 2:
+        tl.store(at + (ROWS + tl.arange(0, ROWS))[:, None] * BLOCK_N, dbias1)
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -204,11 +222,8 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
                         dtype=torch.float32)
     if Bw > 0:
         bm = _bias_tiles(bias, mask, qkv.dtype, block_n)
-        # rowsum(dO ∘ O) per query and head, the softmax backward's correction
-        delta = (dout.float() * out.float()).view(Bw, N, heads, -1).sum(-1)
-        launch(_bwd_kernel, (parts, heads), dout, qkv, delta.transpose(1, 2).contiguous(),
-               lse, bm, dqkv, dbias, Bw, N, C3 // 3, C3 // 3 // heads, bm.shape[0], heads,
-               scale, KEYS_MAJOR=LAUNCH["keys_major"], **meta)
+        launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bm, dqkv, dbias, Bw, N, C3 // 3, C3 // 3 // heads, bm.shape[0], heads,
+               scale, SPLIT=LAUNCH["row_split"], **meta)
     else:
         dbias.zero_()
     return dqkv, dbias.sum(0)[:, :N, :N]
