@@ -91,9 +91,8 @@ def main() -> int:
     rows = [{"kind": "window-compile-check", "traceback": compiled_check(wa), **base}]
     print("inductor:", rows[0]["traceback"] or "compiled", flush=True)
     fwd_settings = [dict(fwd_warps=w) for w in (2, 4, 8)]
-    bwd_settings = [dict(bwd_warps=w, stages=s, programs_per_sm=p, row_split=r)
-                    for w, s, p, r in itertools.product((4, 8), (1, 3), (1, 2, 4), (1, 2))
-                    if "row_split" in wa.LAUNCH or r == 1]
+    bwd_settings = [dict(bwd_warps=w, stages=s, programs_per_sm=p)
+                    for w, s, p in itertools.product((4, 8), (1, 3), (1, 2, 4))]
     default = dict(wa.LAUNCH)
 
     def record(row: dict) -> None:

@@ -49,10 +49,10 @@ __all__ = ["window_attention", "window_attention_reference", "MAX_TOKENS"]
 
 MAX_TOKENS = 128  # tokens per window that one tile holds (a 64 × 64 or 128 × 128 score tile)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Launch settings (H200, benchmarks/window_tune.py): warps per program; for the backward the
-# persistent programs per SM, each summing one bias partial over its windows, and its query rows
-# in 1 or 2 blocks.
-LAUNCH = {"fwd_warps": 4, "bwd_warps": 4, "programs_per_sm": 2, "stages": 3, "row_split": 1}
+# Launch settings (H200, benchmarks/window_tune.py, window-tune-20261121-0813: fastest at all
+# four Swin stages): warps per program; for the backward the persistent programs per SM, each
+# summing one bias partial over its windows, and the software-pipelining stages of its loop.
+LAUNCH = {"fwd_warps": 4, "bwd_warps": 4, "programs_per_sm": 2, "stages": 3}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -104,73 +104,43 @@ def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, N, C, D, nW, heads, scale,
 
 
 @triton.jit
-def _bwd_rows(qkv_ptr, dout_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, k, v, win, head, rows,
-              keys, dcols, N, C, D, nW, heads, scale,
-              DOT: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One block of query rows of one window and head: dq (stored), this block's share of dk
-    and dv (unscaled dk), and its score gradients (rows × keys) for the bias gradient."""
-    rmask = rows < N
-    ld = rmask[:, None] & (dcols < D)[None, :]
-    q = tl.load(qkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :],
-                mask=ld, other=0.0)
-    tok = win * N * C + rows[:, None] * C + head * D + dcols[None, :]
-    do = tl.load(dout_ptr + tok, mask=ld, other=0.0)
-    o = tl.load(out_ptr + tok, mask=ld, other=0.0)
-    delta = tl.reduce(do.to(tl.float32) * o.to(tl.float32), 1, add)  # rowsum(dO ∘ O)
-    lse = tl.load(lse_ptr + (win * heads + head) * N + rows, mask=rmask, other=0.0)
-    bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N
-                 + rows[:, None] * BLOCK_N + keys[None, :])
-    p = tl.exp(_dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32) - lse[:, None])
-    dv = _dot(tl.trans(p.to(do.dtype)), do, DOT)
-    ds = p * (_dot(do, tl.trans(v), DOT) - delta[:, None])  # 0 on padded queries and keys
-    ds_low = ds.to(q.dtype)
-    dq = _dot(ds_low, k, DOT) * scale
-    tl.store(dqkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :],
-             dq.to(dqkv_ptr.dtype.element_ty), mask=ld)
-    return _dot(tl.trans(ds_low), q, DOT), dv, ds
-
-
-@triton.jit
 def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr,
                 Bw, N, C, D, nW, heads, scale,
-                DOT: tl.constexpr, SPLIT: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Persistent: program (part, head) walks windows part, part + parts, … (neighbours run
-    side by side) and sums their score gradients into one bias partial. SPLIT: query rows in
-    1 or 2 blocks (two halves hold half the score tiles in registers at a time)."""
+    side by side) and sums their score gradients into one bias partial."""
     part = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     parts = tl.num_programs(0)
     scale = tl.cast(scale, tl.float32)  # see ._triton: Python floats
-    ROWS: tl.constexpr = BLOCK_N // SPLIT
-    keys = tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_N)
     dcols = tl.arange(0, BLOCK_D)
-    ld = (keys < N)[:, None] & (dcols < D)[None, :]
-    dbias0 = tl.full((ROWS, BLOCK_N), 0.0, tl.float32)
-    dbias1 = tl.full((ROWS, BLOCK_N), 0.0, tl.float32)
+    rmask = rows < N
+    ld = rmask[:, None] & (dcols < D)[None, :]
+    tile = rows[:, None] * BLOCK_N + rows[None, :]
+    dbias = tl.full((BLOCK_N, BLOCK_N), 0.0, tl.float32)
     for i in range(0, tl.cdiv(Bw - part, parts)):
         win = part + i * parts
-        kv = win * N * 3 * C + keys[:, None] * 3 * C + head * D + dcols[None, :] + C
-        k = tl.load(qkv_ptr + kv, mask=ld, other=0.0)
-        v = tl.load(qkv_ptr + kv + C, mask=ld, other=0.0)
-        dk, dv, ds = _bwd_rows(qkv_ptr, dout_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, k, v,
-                               win, head, tl.arange(0, ROWS), keys, dcols, N, C, D, nW, heads,
-                               scale, DOT, BLOCK_N)
-        dbias0 += ds
-        if SPLIT == 2:
-            dk1, dv1, ds1 = _bwd_rows(qkv_ptr, dout_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr,
-                                      k, v, win, head, ROWS + tl.arange(0, ROWS), keys, dcols,
-                                      N, C, D, nW, heads, scale, DOT, BLOCK_N)
-            dk += dk1
-            dv += dv1
-            dbias1 += ds1
+        q, k, v = _load_qkv(qkv_ptr, win, head, rows, dcols, N, C, D)
+        tok = win * N * C + rows[:, None] * C + head * D + dcols[None, :]
+        do = tl.load(dout_ptr + tok, mask=ld, other=0.0)
+        o = tl.load(out_ptr + tok, mask=ld, other=0.0)
+        delta = tl.reduce(do.to(tl.float32) * o.to(tl.float32), 1, add)  # rowsum(dO ∘ O)
+        lse = tl.load(lse_ptr + (win * heads + head) * N + rows, mask=rmask, other=0.0)
+        bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N + tile)
+        p = tl.exp(_dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32) - lse[:, None])
+        dv = _dot(tl.trans(p.to(do.dtype)), do, DOT)
+        ds = p * (_dot(do, tl.trans(v), DOT) - delta[:, None])  # 0 on padded queries, keys
+        dbias += ds
+        ds_low = ds.to(q.dtype)
+        dq = _dot(ds_low, k, DOT) * scale
+        dk = _dot(tl.trans(ds_low), q, DOT) * scale
+        grad = dqkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :]
         ty = dqkv_ptr.dtype.element_ty
-        tl.store(dqkv_ptr + kv, (dk * scale).to(ty), mask=ld)
-        tl.store(dqkv_ptr + kv + C, dv.to(ty), mask=ld)
-    at = dbias_ptr + (part * heads + head) * BLOCK_N * BLOCK_N + keys[None, :]
-    tl.store(at + tl.arange(0, ROWS)[:, None] * BLOCK_N, dbias0)
-    if SPLIT == 2:
-        tl.store(at + (ROWS + tl.arange(0, ROWS))[:, None] * BLOCK_N, dbias1)
+        tl.store(grad, dq.to(ty), mask=ld)
+        tl.store(grad + C, dk.to(ty), mask=ld)
+        tl.store(grad + 2 * C, dv.to(ty), mask=ld)
+    tl.store(dbias_ptr + (part * heads + head) * BLOCK_N * BLOCK_N + tile, dbias)
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -223,7 +193,7 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
     if Bw > 0:
         bm = _bias_tiles(bias, mask, qkv.dtype, block_n)
         launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bm, dqkv, dbias, Bw, N, C3 // 3, C3 // 3 // heads, bm.shape[0], heads,
-               scale, SPLIT=LAUNCH["row_split"], **meta)
+               scale, **meta)
     else:
         dbias.zero_()
     return dqkv, dbias.sum(0)[:, :N, :N]
