@@ -104,3 +104,7 @@ def test_swin_with_the_window_kernel_keeps_its_losses():
     fused = train(wl, Recipe(batch=2, kernels="window"), steps=2, warmup=0, device="cpu")
     assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
     assert fused.applied["kernels"] == "window attention with bias and mask in one Triton kernel ×4"
+    # what ran in place of SDPA, not what the plain-layer probe saw (and no advice to change it)
+    assert "ran math x4" in plain.applied["attention"]
+    assert fused.applied["attention"] == ("the Triton window attention kernel in 4 layers "
+                                          "(kernels=window); SDPA is not called")

@@ -55,6 +55,10 @@ def apply(state: TrainState) -> str | None:
         done.update(module.use_fused(True))
     if kept:
         state.warn("kernels", f"{', '.join(sorted(kept))}: {no_triton}; plain path kept")
+    windows = sum(1 for m in layers if m.fused_kind == "window" and getattr(m, "fused", False))
+    if windows:  # the attention line came from the probe, which ran the plain layers
+        state.applied["attention"] = (f"the Triton window attention kernel in {windows} layers "
+                                      "(kernels=window); SDPA is not called")
     if not done:
         if not layers:
             state.warn("kernels", f"{state.workload.name} has no layer with a fused kernel; "
