@@ -161,9 +161,9 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     assert axes["swin"] == ["graphs", "math attention", "kernels window", "kernels patch",
                             "kernels gelu"]
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
-    assert axes["llama"] == ["graphs", "kernels loss"]  # a layer with a fused kernel
+    assert axes["llama"] == ["graphs", "kernels rope", "kernels loss"]  # fused-kernel layers
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
-    assert big == ["graphs", "fp8 large", "fp8", "kernels loss"]
+    assert big == ["graphs", "fp8 large", "fp8", "kernels rope", "kernels loss"]
     search = FastSearch(load_workload("sd", "tiny"), Recipe())
     search.axes.insert(1, ("fp8", "fp8", "linear"))
     search.axes.insert(2, ("fp8 large", "fp8", "large"))

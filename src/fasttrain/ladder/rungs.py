@@ -70,11 +70,12 @@ def memory_rungs(workload: Workload) -> list[Rung]:
     ]
 
 
-SEARCHED_KERNELS = ("window", "patch", "gelu", "loss")
-"""Kernel families the fast search tries, one rung each, in this order. SwiGLU and RoPE are
-left out: under compile, which every fast rung has, Inductor's own fused kernels are faster
-than fasttrain's (kernels-micro-activations-rope-20261121-0733: 0.26 vs 0.39 ms, 0.29 vs
-0.33 ms); bias + GELU is tried, as it beats compile on ViT-B's shape (0.31 vs 0.47 ms)."""
+SEARCHED_KERNELS = ("window", "patch", "gelu", "rope", "loss")
+"""Kernel families the fast search tries, one rung each, in this order: those whose kernels
+beat Inductor's fusion of the plain code in the microbenchmark's CUDA-graph replay
+(kernels-micro-activations-rope-norms-20261121-0833: bias + GELU 0.31 vs 0.47 ms on ViT-B,
+0.12 vs 0.16 on Swin-B; RoPE 0.056 vs 0.120 ms on Llama-1B), plus window, patch and loss. SwiGLU
+is left out: it ties with compile (0.257 vs 0.255 ms), so a rung for it would measure noise."""
 
 
 def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
