@@ -204,6 +204,21 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
             {"rung": "fast: c", "skipped": "needs CUDA", "parity": None},
             {"rung": "fp32", "throughput": 99.0, "parity": {"passed": True}}]
     assert pick_fast(rows)["rung"] == "fast: b"  # fastest that ran and kept the loss
+    # a switch must gain MIN_GAIN (0.5 %) to be kept: a measured tie keeps the simpler recipe
+    passed = {"parity": {"passed": True}}
+    tie = [{"rung": "fast: b", "throughput": 10.0, **passed},
+           {"rung": "fast: b + x", "throughput": 10.04, **passed}]
+    assert pick_fast(tie)["rung"] == "fast: b"
+    assert pick_fast([*tie, {"rung": "fast: b + y", "throughput": 10.06, **passed}])["rung"] \
+        == "fast: b + y"  # 0.6 % over b, the recipe kept before it
+    llama = FastSearch(load_workload("llama", "tiny"), Recipe())
+    rung, rec = llama.first()
+    rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 100.0}, rec)  # compile
+    rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 110.0}, rec)  # graphs: kept
+    assert rung.name == "fast: compile + graphs + kernels rope"
+    rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 110.3}, rec)  # a tie
+    assert (rung.name, rec.kernels, rec.cuda_graphs) == (
+        "fast: compile + graphs + kernels loss", "loss", True)
 
 
 @pytest.mark.slow
