@@ -32,6 +32,14 @@ def _losses(proc):
     return json.loads(proc.stdout)["losses"]
 
 
+def test_train_prints_one_row_with_its_environment():
+    proc = _train("llama", "--steps", "1", "--set", "batch=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads(proc.stdout)
+    assert (row["kind"], row["workload"], row["env"]["torch"]) == ("train", "llama",
+                                                                   torch.__version__)
+
+
 @pytest.fixture(scope="module")
 def single():
     return _losses(_train("llama", "--steps", "3", "--set", "batch=8"))

@@ -213,8 +213,11 @@ def cmd_train(args) -> int:
         from .run.checkpoint import export
 
         export(args.save, args.export)
-    print(json.dumps({"workload": args.workload, "size": size, "recipe": recipe.to_dict(),
-                      **res.to_row()}, indent=1))
+    from .env import environment
+
+    print(json.dumps({"kind": "train", "workload": args.workload, "size": size,
+                      "recipe": recipe.to_dict(), **res.to_row(),
+                      "env": environment(device)}, indent=1))
     return 0
 
 
