@@ -156,14 +156,17 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
 
     axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
             for w in ("vit", "sd", "llama", "swin")}
-    assert axes["vit"] == ["graphs", "kernels patch", "kernels gelu"]  # GEMM patches, MLP
+    assert axes["vit"] == ["graphs", "kernels patch", "kernels gelu",  # GEMM patches, MLP
+                           "autotuned reductions"]  # LayerNorm backwards
     assert axes["sd"] == ["graphs", "no NHWC"]  # a conv model
     assert axes["swin"] == ["graphs", "math attention", "kernels window", "kernels patch",
-                            "kernels gelu"]
+                            "kernels gelu", "autotuned reductions"]
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
-    assert axes["llama"] == ["graphs", "kernels rope", "kernels loss"]  # fused-kernel layers
+    assert axes["llama"] == ["graphs", "kernels rope", "kernels loss",  # fused-kernel layers
+                             "autotuned reductions"]  # RMSNorm backwards
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
-    assert big == ["graphs", "fp8 large", "fp8", "kernels rope", "kernels loss"]
+    assert big == ["graphs", "fp8 large", "fp8", "kernels rope", "kernels loss",
+                   "autotuned reductions"]
     search = FastSearch(load_workload("sd", "tiny"), Recipe())
     search.axes.insert(1, ("fp8", "fp8", "linear"))
     search.axes.insert(2, ("fp8 large", "fp8", "large"))

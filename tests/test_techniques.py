@@ -83,6 +83,34 @@ def test_whole_model_compile_keeps_fp32_parity():
     torch.testing.assert_close(torch.tensor(comp.losses), torch.tensor(ref.losses), rtol=1e-4, atol=0)
 
 
+def test_autotune_reductions_sets_inductors_flag_for_the_run_only():
+    import torch._inductor.config as inductor_config
+
+    from fasttrain.techniques import compile as compile_tech
+    from fasttrain.techniques.base import TrainState
+
+    wl = load_workload("vit", "tiny")
+    model = wl.build_model()
+    flag = "mix_order_reduction_autotune_split_size"
+    before = getattr(inductor_config.triton, flag)
+
+    def state(**switches):
+        return TrainState(recipe=Recipe(compile="model", autotune_reductions=True, **switches),
+                          workload=wl, device=torch.device("cpu"), model=model,
+                          trainable=model, micro_batch=2)
+
+    tuned = state()
+    assert compile_tech.apply(tuned).endswith("; mix-order reduction split sizes autotuned")
+    assert getattr(inductor_config.triton, flag) is True
+    tuned.restore.close()  # the run's end
+    assert getattr(inductor_config.triton, flag) == before
+    debug = state(compile_backend="aot_eager")  # no Inductor kernels to tune: says so
+    assert "autotuned" not in compile_tech.apply(debug)
+    assert debug.warnings == ["autotune_reductions: needs the inductor backend; left off"]
+    assert getattr(inductor_config.triton, flag) == before
+    torch._dynamo.reset()
+
+
 def test_channels_last_warns_when_nothing_to_convert():
     from examples.my_workload import make_workload
 

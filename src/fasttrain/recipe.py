@@ -79,6 +79,10 @@ class Recipe:
     """torch.compile mode."""
     compile_backend: str = "inductor"
     """torch.compile backend (eager / aot_eager are for debugging and tests)."""
+    autotune_reductions: bool = False
+    """Inductor autotunes the split size of its mix-order reductions (a norm's backward that
+    sums the weight gradients per split in the same kernel, then finishes them with an eager sum
+    over the splits): fewer, larger splits; longer warm-up. Needs compile (inductor)."""
     cuda_graphs: bool = False
     """Capture the whole training step (forward, backward, clip, optimizer) in one CUDA graph."""
     channels_last: bool = False
@@ -205,6 +209,9 @@ def validate(r: Recipe) -> None:
     _choice("ema", r.ema, EMA_MODES)
     _choice("compile", r.compile, COMPILE)
     _choice("compile_mode", r.compile_mode, COMPILE_MODES)
+    if r.autotune_reductions and r.compile == "none":
+        raise FasttrainError("recipe: autotune_reductions tunes torch.compile's kernels; set "
+                             "compile=model or compile=regional")
     for name in ("workers", "batch"):
         if getattr(r, name) < 0:
             raise FasttrainError(f"recipe: {name} must be >= 0, got {getattr(r, name)}")

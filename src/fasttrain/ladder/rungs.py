@@ -102,6 +102,10 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     axes += [(f"kernels {kind}", "kernels", kind) for kind in SEARCHED_KERNELS if kind in present]
     if getattr(workload, "prefers_channels_last", False):
         axes.append(("no NHWC", "channels_last", False))
+    elif any(isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm)) for m in model.modules()):
+        # the norms' backward is where Inductor makes mix-order reductions (Swin: +1.4%,
+        # inductor-mix-order-20261121-0855); it costs a longer warm-up, so only where they are
+        axes.append(("autotuned reductions", "autotune_reductions", True))
     return axes
 
 

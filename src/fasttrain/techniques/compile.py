@@ -28,9 +28,10 @@ def apply(state: TrainState) -> str | None:
     # shape turns on dynamo's automatic dynamic shapes and later blocks get dynamic-shape graphs.
     opts = {"mode": None if r.compile_mode == "default" else r.compile_mode,
             "backend": r.compile_backend, "dynamic": False}
+    tuned = _autotune_reductions(state)
     if r.compile == "model":
         state.model.compile(**opts)
-        return f"whole model compiled (backend {r.compile_backend}, mode {r.compile_mode})"
+        return f"whole model compiled (backend {r.compile_backend}, mode {r.compile_mode}){tuned}"
     blocks = state.workload.regional_blocks(state.model)
     if not blocks:
         state.warn("compile", "regional: no repeated blocks found; compiled the whole model")
@@ -47,7 +48,25 @@ def apply(state: TrainState) -> str | None:
         block.compile(**opts)
     listing = ", ".join(f"{n}x {k}" for k, n in kinds.most_common(4))
     return (f"regional: {len(blocks)} blocks compiled ({listing}); rest eager; "
-            f"{attr}={need}")
+            f"{attr}={need}{tuned}")
+
+
+def _autotune_reductions(state: TrainState) -> str:
+    """Turn on Inductor's split-size autotuning of mix-order reductions for this run; the
+    text that says so, or a warning where it cannot."""
+    if not state.recipe.autotune_reductions:
+        return ""
+    import torch._inductor.config as inductor_config
+
+    triton_cfg = inductor_config.triton
+    flag = "mix_order_reduction_autotune_split_size"
+    if state.recipe.compile_backend != "inductor" or not hasattr(triton_cfg, flag):
+        why = ("needs the inductor backend" if state.recipe.compile_backend != "inductor"
+               else f"this torch ({torch.__version__}) has no mix-order reductions")
+        state.warn("autotune_reductions", f"{why}; left off")
+        return ""
+    state.set_flag(triton_cfg, flag, True)
+    return "; mix-order reduction split sizes autotuned"
 
 
 def graph_stats(since: dict[str, int] | None = None) -> dict[str, int]:
