@@ -49,20 +49,28 @@ def _bench(fn, args, grads=None) -> tuple[float, float, float | None]:
     peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
     launched = do_bench(step, warmup=5, rep=50, return_mode="median")
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        replayed = do_bench(graph.replay, warmup=5, rep=50, return_mode="median")
+        replayed = graph_ms(step)
     except RuntimeError as err:
         print(f"  (not captured in a CUDA graph: {str(err).splitlines()[0][:120]})")
         replayed = None
     return launched, replayed, peak
+
+
+def graph_ms(fn) -> float:
+    """Median ms of one replay of ``fn`` captured in a CUDA graph (warmed up on a side stream
+    first, as capture requires)."""
+    from triton.testing import do_bench
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=5, rep=50, return_mode="median")
 
 
 def _row(env: dict, kernel: str, variant: str, shape: dict, dtype: str,

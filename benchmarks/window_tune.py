@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from fasttrain.env import environment
+from kernels_micro import graph_ms  # benchmarks/, the script's own folder
 
 STAGES = [(1, 4096, 4, 128, 56), (2, 1024, 8, 256, 28), (3, 256, 16, 512, 14),
           (4, 64, 32, 1024, 7)]  # stage, windows, heads, channels, resolution (batch 64)
@@ -41,22 +42,6 @@ def compiled_check(wa) -> str | None:
         return None
     except Exception:  # noqa: BLE001 - the point is to record it
         return traceback.format_exc()
-
-
-def graph_ms(fn) -> float:
-    """Median ms of one replay of ``fn`` captured in a CUDA graph."""
-    from triton.testing import do_bench
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return do_bench(graph.replay, warmup=10, rep=50, return_mode="median")
 
 
 def kernel_resources(wa) -> list[dict]:

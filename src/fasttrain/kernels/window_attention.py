@@ -156,14 +156,17 @@ def _bias_tiles(bias: torch.Tensor, mask: Optional[torch.Tensor], dtype: torch.d
     return torch.nn.functional.pad(bm, (0, 0, 0, block_n - N)).to(dtype).contiguous()
 
 
-def _shapes(qkv: torch.Tensor, heads: int, warps: int) -> tuple[int, dict]:
-    """The tile size and the compile-time settings both kernels share."""
+def _prepare(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
+             warps: int) -> tuple[torch.Tensor, tuple, dict]:
+    """What both kernels take besides their tensors: the bias tiles, the sizes (N, C, head_dim,
+    nW, heads) and the compile-time settings."""
     _, N, C3 = qkv.shape
     block_n = max(16, triton.next_power_of_2(N))
+    bm = _bias_tiles(bias, mask, qkv.dtype, block_n)
     meta = dict(DOT=1 if qkv.dtype == torch.float32 else 2 if INTERPRETED else 0,
                 BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(C3 // 3 // heads)),
                 num_stages=LAUNCH["stages"], num_warps=warps * (1 if block_n <= 64 else 2))
-    return block_n, meta
+    return bm, (N, C3 // 3, C3 // 3 // heads, bm.shape[0], heads), meta
 
 
 @op("fasttrain::window_attention_fwd")
@@ -173,10 +176,8 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
     out = qkv.new_empty((Bw, N, C3 // 3))
     lse = torch.empty((Bw, heads, N), device=qkv.device, dtype=torch.float32)
     if Bw > 0:
-        block_n, meta = _shapes(qkv, heads, LAUNCH["fwd_warps"])
-        bm = _bias_tiles(bias, mask, qkv.dtype, block_n)
-        launch(_fwd_kernel, (Bw, heads), qkv, bm, out, lse, N, C3 // 3, C3 // 3 // heads,
-               bm.shape[0], heads, scale, **meta)
+        bm, sizes, meta = _prepare(qkv, bias, mask, heads, LAUNCH["fwd_warps"])
+        launch(_fwd_kernel, (Bw, heads), qkv, bm, out, lse, *sizes, scale, **meta)
     return out, lse
 
 
@@ -184,18 +185,15 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
 def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
          bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    Bw, N, C3 = qkv.shape
+    Bw, N, _ = qkv.shape
     dqkv = torch.empty_like(qkv)
+    if Bw == 0:
+        return dqkv, torch.zeros((heads, N, N), device=qkv.device, dtype=torch.float32)
     parts = max(1, min(Bw, programs_cap(qkv.device, LAUNCH["programs_per_sm"]) // heads))
-    block_n, meta = _shapes(qkv, heads, LAUNCH["bwd_warps"])
-    dbias = torch.empty((parts, heads, block_n, block_n), device=qkv.device,
-                        dtype=torch.float32)
-    if Bw > 0:
-        bm = _bias_tiles(bias, mask, qkv.dtype, block_n)
-        launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bm, dqkv, dbias, Bw, N, C3 // 3, C3 // 3 // heads, bm.shape[0], heads,
-               scale, **meta)
-    else:
-        dbias.zero_()
+    bm, sizes, meta = _prepare(qkv, bias, mask, heads, LAUNCH["bwd_warps"])
+    dbias = torch.empty((parts, heads, *bm.shape[2:]), device=qkv.device, dtype=torch.float32)
+    launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bm, dqkv, dbias, Bw, *sizes,
+           scale, **meta)
     return dqkv, dbias.sum(0)[:, :N, :N]
 
 

@@ -58,11 +58,11 @@ def _autotune_reductions(state: TrainState) -> str:
         return ""
     import torch._inductor.config as inductor_config
 
-    triton_cfg = inductor_config.triton
-    flag = "mix_order_reduction_autotune_split_size"
-    if state.recipe.compile_backend != "inductor" or not hasattr(triton_cfg, flag):
-        why = ("needs the inductor backend" if state.recipe.compile_backend != "inductor"
-               else f"this torch ({torch.__version__}) has no mix-order reductions")
+    triton_cfg, flag = inductor_config.triton, "mix_order_reduction_autotune_split_size"
+    why = ("needs the inductor backend" if state.recipe.compile_backend != "inductor" else
+           None if hasattr(triton_cfg, flag) else
+           f"this torch ({torch.__version__}) has no mix-order reductions")
+    if why:
         state.warn("autotune_reductions", f"{why}; left off")
         return ""
     state.set_flag(triton_cfg, flag, True)

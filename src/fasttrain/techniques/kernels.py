@@ -2,7 +2,8 @@
 
 A layer with a fused path exposes ``use_fused(on) -> list[str]`` and names its family in
 ``fused_kind`` (``layers/``, Swin's window attention); layers whose path is a Triton kernel say
-so with ``fused_triton = True``. ``kernels=fused`` switches on every family, a comma-separated
+so with ``fused_triton = True``, and those that take attention away from SDPA with
+``replaces_sdpa = True`` (the run's attention line then names the kernel). ``kernels=fused`` switches on every family, a comma-separated
 list only those named (``recipe.KERNEL_FAMILIES``), so that each family can be measured alone.
 When it helps: memory-bound work around the GEMMs that torch.compile cannot remove on its own
 (the full logits of an LLM's loss, Swin's 49-token windows). Numerics: the same maths in another
@@ -55,10 +56,12 @@ def apply(state: TrainState) -> str | None:
         done.update(module.use_fused(True))
     if kept:
         state.warn("kernels", f"{', '.join(sorted(kept))}: {no_triton}; plain path kept")
-    windows = sum(1 for m in layers if m.fused_kind == "window" and getattr(m, "fused", False))
-    if windows:  # the attention line came from the probe, which ran the plain layers
-        state.applied["attention"] = (f"the Triton window attention kernel in {windows} layers "
-                                      "(kernels=window); SDPA is not called")
+    replaced = Counter(m.fused_kind for m in layers
+                       if getattr(m, "replaces_sdpa", False) and getattr(m, "fused", False))
+    if replaced:  # the attention line came from the probe, which ran the plain layers
+        state.applied["attention"] = "; ".join(
+            f"the Triton {kind} attention kernel in {n} layers (kernels={kind}); SDPA is not "
+            "called" for kind, n in replaced.items())
     if not done:
         if not layers:
             state.warn("kernels", f"{state.workload.name} has no layer with a fused kernel; "

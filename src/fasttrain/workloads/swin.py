@@ -101,7 +101,7 @@ class WindowAttention(nn.Module):
     straight from the qkv projection, bias and mask added inside (windows up to
     ``MAX_TOKENS`` tokens)."""
 
-    fused_kind, fused_triton = "window", True
+    fused_kind, fused_triton, replaces_sdpa = "window", True, True
 
     def __init__(self, dim: int, heads: int, window: int):
         super().__init__()
