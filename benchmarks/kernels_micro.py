@@ -317,8 +317,76 @@ def window_rows(env: dict) -> list[dict]:
     return rows
 
 
+def optimizer_rows(env: dict) -> list[dict]:
+    """One optimizer step over a model's trainable fp32 weights (shapes from the workload,
+    built on the meta device): PyTorch's clip_grad_norm_ + fused AdamW (+ foreach EMA where the
+    workload keeps one), as the peer runs it, against fasttrain's one-launch AdamW at a few
+    block sizes. GB/s counts the minimal traffic of the fused step for every variant: norm 4
+    bytes a weight, AdamW 28, EMA 8."""
+    from fasttrain.kernels import adamw
+    from fasttrain.workloads import load_workload
+
+    rows = []
+    for name in ("sd", "llama", "vit"):
+        wl = load_workload(name, "base")
+        with torch.device("meta"):
+            shapes = [p.shape for p in wl.trainable(wl.build_model()).parameters()
+                      if p.requires_grad]
+        n = sum(s.numel() for s in shapes)
+        ema = wl.has_ema
+        shape = {"workload": name, "tensors": len(shapes), "params_m": round(n / 1e6, 1)}
+        gbytes = n * (4 + 28 + (8 if ema else 0))
+        torch.manual_seed(0)
+        weights = [torch.randn(s, device="cuda") * 0.02 for s in shapes]
+        grads = [torch.randn_like(w) * 1e-3 for w in weights]
+
+        def params():
+            ps = [w.clone().requires_grad_() for w in weights]
+            for q, g in zip(ps, grads):
+                q.grad = g
+            return ps
+
+        ps = params()
+        opt = torch.optim.AdamW(ps, lr=1e-4, weight_decay=0.01, fused=True, capturable=True)
+        shadow = [w.clone() for w in weights] if ema else None
+
+        def torch_step():
+            torch.nn.utils.clip_grad_norm_(ps, 1.0)
+            opt.step()
+            if shadow is not None:
+                torch._foreach_lerp_(shadow, ps, 1e-4)
+
+        label = "clip + fused AdamW" + (" + foreach EMA" if ema else "")
+        rows.append(_opt_row(env, label, shape, torch_step, gbytes))
+        del ps, opt, shadow
+        for block, warps in ((1024, 4), (2048, 4), (4096, 8)):
+            adamw.LAUNCH.update(block=block, warps=warps)
+            ps = params()
+            flat = adamw.FlatAdamW(ps, lr=1e-4, weight_decay=0.01, max_grad_norm=1.0)
+            if ema:
+                flat.attach_ema(0.9999)
+            rows.append(_opt_row(env, f"fasttrain one launch, block {block} x {warps} warps",
+                                 shape, flat.step, gbytes))
+            del ps, flat
+        adamw.LAUNCH.update(block=2048, warps=4)
+        del weights, grads
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _opt_row(env: dict, variant: str, shape: dict, step, gbytes: float) -> dict:
+    from triton.testing import do_bench
+
+    step()
+    torch.cuda.synchronize()
+    launched = do_bench(step, warmup=3, rep=30, return_mode="median")
+    return _row(env, "optimizer", variant, shape, "fp32",
+                (launched, graph_ms(step), 0.0), ("gb_per_s", gbytes))
+
+
 GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows,
-          "activations": activation_rows, "rope": rope_rows, "window": window_rows}
+          "activations": activation_rows, "rope": rope_rows, "window": window_rows,
+          "optimizer": optimizer_rows}
 
 
 def main() -> int:

@@ -156,16 +156,16 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
 
     axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
             for w in ("vit", "sd", "llama", "swin")}
-    assert axes["vit"] == ["graphs", "kernels patch", "kernels gelu",  # GEMM patches, MLP
+    assert axes["vit"] == ["graphs", "one-launch optimizer", "kernels patch", "kernels gelu",  # GEMM patches, MLP
                            "autotuned reductions"]  # LayerNorm backwards
-    assert axes["sd"] == ["graphs", "no NHWC"]  # a conv model
-    assert axes["swin"] == ["graphs", "math attention", "kernels window", "kernels patch",
+    assert axes["sd"] == ["graphs", "one-launch optimizer", "no NHWC"]  # a conv model
+    assert axes["swin"] == ["graphs", "one-launch optimizer", "math attention", "kernels window", "kernels patch",
                             "kernels gelu", "autotuned reductions"]
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
-    assert axes["llama"] == ["graphs", "kernels rope", "kernels loss",  # fused-kernel layers
+    assert axes["llama"] == ["graphs", "one-launch optimizer", "kernels rope", "kernels loss",  # fused-kernel layers
                              "autotuned reductions"]  # RMSNorm backwards
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
-    assert big == ["graphs", "fp8 large", "fp8", "kernels rope", "kernels loss",
+    assert big == ["graphs", "one-launch optimizer", "fp8 large", "fp8", "kernels rope", "kernels loss",
                    "autotuned reductions"]
     search = FastSearch(load_workload("sd", "tiny"), Recipe())
     search.axes.insert(1, ("fp8", "fp8", "linear"))
@@ -183,11 +183,16 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     # fp8 won: fp8=large replaces it in the name and the recipe
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 13.0}, rec)
     assert rung.name == "fast: compile + graphs + fp8 large" and rec.fp8 == "large"
-    # fp8=large failed parity: NHWC off is tried on the graphs + fp8 recipe
+    # fp8=large failed parity: the one-launch optimizer is tried on the graphs + fp8 recipe
     rung, rec = search.next({"rung": rung.name, "throughput": 20.0,
                              "parity": {"passed": False}}, rec)
+    assert rung.name == "fast: compile + graphs + fp8 + one-launch optimizer"
+    assert (rec.cuda_graphs, rec.fp8, rec.optimizer_impl) == (True, "linear", "triton")
+    # it gained 0.4 %, under the margin: NHWC off is tried without it
+    rung, rec = search.next({**ok, "rung": rung.name, "throughput": 13.05}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + no NHWC"
-    assert (rec.cuda_graphs, rec.fp8, rec.channels_last) == (True, "linear", False)
+    assert (rec.cuda_graphs, rec.fp8, rec.channels_last, rec.optimizer_impl) == (
+        True, "linear", False, "fused")
     assert search.next({**ok, "rung": rung.name, "throughput": 11.0}, rec) is None
     assert search.best["rung"] == "fast: compile + graphs + fp8"
     # kernel families add up: the second one tried keeps the first that won
@@ -218,7 +223,9 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     rung, rec = llama.first()
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 100.0}, rec)  # compile
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 110.0}, rec)  # graphs: kept
-    assert rung.name == "fast: compile + graphs + kernels rope"
+    assert rung.name == "fast: compile + graphs + one-launch optimizer"
+    rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 109.0}, rec)  # slower
+    assert (rung.name, rec.optimizer_impl) == ("fast: compile + graphs + kernels rope", "fused")
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 110.3}, rec)  # a tie
     assert (rung.name, rec.kernels, rec.cuda_graphs) == (
         "fast: compile + graphs + kernels loss", "loss", True)
@@ -238,8 +245,15 @@ def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
     names = [r["rung"] for r in rows if r["kind"] == "ladder"]
     # one rung per switch, each on top of the best so far; graphs need CUDA (skipped)
     assert names[:4] == ["fp32", "fast: compile", "fast: compile + graphs",
-                         "fast: compile + kernels patch"]
-    assert names[4] in ("fast: compile + kernels gelu", "fast: compile + kernels gelu,patch")
+                         "fast: compile + one-launch optimizer"]  # interpreted on the CPU
+    # what follows builds on whichever of compile / compile + optimizer measured faster
+    kept = [n.removeprefix("fast: ") for n in names[4:6]]
+    for opt in ("", " + one-launch optimizer"):
+        if kept[0] == f"compile{opt} + kernels patch":
+            assert kept[1] in (f"compile{opt} + kernels gelu", f"compile{opt} + kernels gelu,patch")
+            break
+    else:
+        raise AssertionError(names)
     assert next(r for r in rows if r["rung"] == "fast: compile + graphs")["skipped"]
     assert len(verdict) == 1 and verdict[0]["rung"] in names[1:]
     chosen = next(r for r in rows if r["rung"] == verdict[0]["rung"] and r["kind"] == "ladder")

@@ -21,6 +21,7 @@ def test_defaults_are_the_fp32_baseline():
     ({"pad_multiple": -1}, "pad_multiple must be >= 0"),
     ({"kernels": "window,flash"}, "comma-separated list of patch, loss, window"),
     ({"autotune_reductions": True}, "autotune_reductions tunes torch.compile's kernels"),
+    ({"optimizer_impl": "triton", "optimizer": "sgd"}, "it takes optimizer=adamw"),
 ])
 def test_bad_recipes_are_one_line_errors(changes, needle):
     with pytest.raises(FasttrainError) as err:

@@ -23,7 +23,7 @@ OFFLOAD = ("none", "optimizer", "params")
 SHARDING = ("auto", "none", "ddp", "zero1", "zero2", "zero3")
 INIT = ("device", "host")
 ALLOCATOR = ("default", "expandable")
-OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
+OPTIMIZER_IMPLS = ("forloop", "foreach", "fused", "triton")
 KERNELS = ("none", "fused")
 KERNEL_FAMILIES = ("patch", "loss", "window", "gelu", "swiglu", "rope")
 """What ``kernels`` may name besides none | fused (all of them): see techniques/kernels.py."""
@@ -47,7 +47,9 @@ class Recipe:
     schedule: str = "constant"
     """Learning-rate schedule over the run: constant | cosine (to 0 at the last step)."""
     optimizer_impl: str = "forloop"
-    """forloop (one kernel per tensor per op) | foreach (multi-tensor) | fused (one fused kernel)."""
+    """forloop (one kernel per tensor per op) | foreach (multi-tensor) | fused (PyTorch's fused
+    AdamW) | triton (fasttrain's one-launch AdamW with the gradient clipping and the EMA folded
+    in: adamw, fp32 weights, CUDA; elsewhere it falls back to fused and says why)."""
     lr: float = 0.0
     """Learning rate (constant); 0 = the workload's reference rate (1e-4; SD 1e-5 as in the
     Hugging Face text-to-image recipe)."""
@@ -57,7 +59,8 @@ class Recipe:
     """clip_grad_norm_ max norm; 0 turns clipping off."""
     ema: str = "auto"
     """EMA of the trainable weights: auto (the workload's reference: per-tensor where it keeps an
-    EMA, else none) | none | per-tensor | foreach | side-stream (foreach on its own CUDA stream)."""
+    EMA, else none) | none | per-tensor | foreach | side-stream (foreach on its own CUDA stream).
+    With optimizer_impl=triton any EMA is folded into the optimizer's kernel instead."""
     ema_decay: float = 0.9999
     """EMA decay."""
     workers: int = 0
@@ -190,6 +193,11 @@ def validate(r: Recipe) -> None:
     _choice("offload", r.offload, OFFLOAD)
     _choice("init", r.init, INIT)
     _choice("allocator", r.allocator, ALLOCATOR)
+    if r.optimizer_impl == "triton" and (r.optimizer != "adamw" or r.master_weights
+                                         or r.offload == "optimizer"):
+        raise FasttrainError("recipe: optimizer_impl=triton is an AdamW step over the model's own "
+                             "fp32 weights on the GPU; it takes optimizer=adamw without "
+                             "master_weights or offload=optimizer")
     if r.checkpoint_every < 1:
         raise FasttrainError(f"recipe: checkpoint_every must be >= 1, got {r.checkpoint_every}")
     if r.master_weights and r.precision != "bf16-true":

@@ -90,6 +90,9 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     with torch.device("meta"):
         model = workload.build_model()
     axes: list[tuple[str, str, Any]] = [("graphs", "cuda_graphs", True)]
+    # clipping, AdamW and the EMA in one launch: a memory-bound step, so it pays where the
+    # weights are many for the FLOPs (SD's 860 M with an EMA; Llama's optimizer step)
+    axes.append(("one-launch optimizer", "optimizer_impl", "triton"))
     # float8 only pays on large layers (kernels-micro-fp8-20261121-0549: slower below 2^24
     # weights); where the model has some, all layers in fp8 are tried next, since compile
     # fuses the casts of the small ones into their neighbours (ladder-llama-base-...-060458).

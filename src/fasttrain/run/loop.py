@@ -117,6 +117,9 @@ class _Stepper:
     def __init__(self, state: TrainState, timer: PhaseTimer, count: int):
         self.s, self.timer, self.count = state, timer, count
         self.params = [p for p in state.trainable.parameters() if p.requires_grad]
+        # an optimizer that clips inside its step (optimizer_impl=triton) takes it from here
+        self.clip = bool(state.recipe.grad_clip) and not getattr(state.optimizer,
+                                                                  "clips_gradients", False)
         self.graphed = GraphedStep(self._core, state.optimizer) if state.recipe.cuda_graphs else None
 
     def _core(self, batch: Batch) -> torch.Tensor:
@@ -125,7 +128,7 @@ class _Stepper:
         with s.step_context():
             loss = s.workload.loss(s.model, batch) / self.count
         (loss * s.world if s.world > 1 else loss).backward()
-        if s.recipe.grad_clip:
+        if self.clip:
             torch.nn.utils.clip_grad_norm_(self.params, s.recipe.grad_clip)
         s.optimizer.step()
         return loss.detach()
@@ -160,7 +163,7 @@ class _Stepper:
                 scaled = loss * s.world if s.world > 1 else loss
                 (s.scaler.scale(scaled) if s.scaler else scaled).backward()
             total = loss.detach() if total is None else total + loss.detach()
-        if s.recipe.grad_clip:
+        if self.clip:
             t.mark("clip")
             if s.scaler:
                 s.scaler.unscale_(s.optimizer)

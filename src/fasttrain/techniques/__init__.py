@@ -23,6 +23,8 @@ Order and why:
 """
 from __future__ import annotations
 
+import os
+
 import importlib
 
 from ..recipe import Recipe
@@ -45,6 +47,10 @@ def unmet_requirements(recipe: Recipe, device_type: str) -> list[str]:
     for tech in registry():
         if tech.active(recipe) and "cuda" in tech.requires and device_type != "cuda":
             out.append(f"{tech.name} needs CUDA")
+    if (recipe.optimizer_impl == "triton" and device_type != "cuda"
+            and os.environ.get("TRITON_INTERPRET") != "1"):
+        out.append("optimizer_impl=triton needs CUDA (its kernel runs on the CPU only in Triton's "
+                   "interpreter, TRITON_INTERPRET=1)")
     return out
 
 

@@ -1,0 +1,162 @@
+"""fasttrain's one-launch AdamW (kernels/adamw.py) against PyTorch's AdamW + clip_grad_norm_ +
+foreach EMA, in Triton's interpreter on the CPU: weights, both moments, step counts and the EMA
+over several steps, with channels-last and odd-sized tensors, weights without a gradient,
+state_dict round trips, DCP state dicts, bad input, and a training run through the recipe."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tests.interpreted import interpret, kernels_interpreted  # noqa: E402,F401
+
+with kernels_interpreted():
+    from fasttrain.kernels import adamw as adamw_module
+    from fasttrain.kernels.adamw import FlatAdamW
+
+from fasttrain.errors import FasttrainError  # noqa: E402
+
+SHAPES = [(3, 5), (130,), (7, 3, 3, 2), (1,), (64, 33)]
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 64 elements, so that tensors span whole blocks and partial last ones."""
+    monkeypatch.setitem(adamw_module.LAUNCH, "block", 64)
+
+
+def _weights(seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ws = [torch.randn(s, generator=g) for s in SHAPES]
+    ws[2] = ws[2].contiguous(memory_format=torch.channels_last)  # a conv weight in NHWC
+    return ws
+
+
+def _pair(**kw):
+    ours = [w.clone().requires_grad_() for w in _weights()]
+    ref = [w.clone().requires_grad_() for w in _weights()]
+    return ours, ref
+
+
+def _grads(step: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(s, generator=g) * (3.0 if step % 2 else 0.1) for s in SHAPES]
+
+
+def _set(ws, grads, missing=()):
+    for i, (w, g) in enumerate(zip(ws, grads)):
+        w.grad = None if i in missing else g.clone().contiguous(
+            memory_format=torch.channels_last if g.dim() == 4 else torch.contiguous_format)
+
+
+@pytest.mark.parametrize("clip,decay,wd", [(0.5, 0.9, 0.1), (0.0, None, 0.0), (100.0, 0.99, 0.01)])
+def test_matches_adamw_with_clipping_and_ema(small_blocks, clip, decay, wd):
+    ours, ref = _pair()
+    opt = FlatAdamW(ours, lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=wd,
+                    max_grad_norm=clip)
+    shadow = opt.attach_ema(decay) if decay else None
+    torch_opt = torch.optim.AdamW(ref, lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=wd,
+                                  foreach=False)
+    ema = [w.detach().clone() for w in ref]
+    for step in range(6):
+        missing = (1, 3) if step == 3 else ()  # weights without a gradient this step
+        _set(ours, _grads(step), missing)
+        _set(ref, _grads(step), missing)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(ref, clip)
+        opt.step()
+        torch_opt.step()
+        if decay:
+            torch._foreach_lerp_(ema, [w.detach() for w in ref], 1 - decay)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+        assert a.stride() == b.stride()
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(opt.state[a][key], torch_opt.state[b][key],
+                                       rtol=2e-6, atol=2e-6)
+    assert [float(opt.state[w]["step"]) for w in ours] == [6, 5, 6, 5, 6]
+    if decay:
+        for s, e in zip(shadow, ema):
+            torch.testing.assert_close(s, e, rtol=2e-6, atol=2e-6)
+
+
+def test_state_dict_round_trip_keeps_the_flat_state(small_blocks):
+    ours, _ = _pair()
+    opt = FlatAdamW(ours, lr=1e-2)
+    for step in range(2):
+        _set(ours, _grads(step))
+        opt.step()
+    saved = opt.state_dict()
+    assert set(saved["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}  # torch's AdamW layout
+    fresh_w = [w.detach().clone().requires_grad_() for w in ours]
+    fresh = FlatAdamW(fresh_w, lr=1e-2)
+    fresh.load_state_dict(saved)
+    # the loaded state lives in the flat buffers the kernel reads
+    assert fresh.state[fresh_w[0]]["exp_avg"].data_ptr() == fresh._exp_avg.data_ptr()
+    torch.testing.assert_close(fresh._exp_avg, opt._exp_avg)
+    torch.testing.assert_close(fresh._exp_avg_sq, opt._exp_avg_sq)
+    torch.testing.assert_close(fresh._steps, opt._steps)
+    _set(ours, _grads(2))
+    _set(fresh_w, _grads(2))
+    opt.step()
+    fresh.step()
+    for a, b in zip(ours, fresh_w):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_dcp_state_dict_helpers_round_trip(small_blocks):
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+    opt = FlatAdamW(list(model.parameters()), lr=1e-2, max_grad_norm=1.0)
+    model(torch.randn(4, 5)).sum().backward()
+    opt.step()
+    _, optim_sd = get_state_dict(model, opt)
+    optim_sd = {k: v for k, v in optim_sd.items()}
+    twin = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+    twin.load_state_dict(model.state_dict())
+    twin_opt = FlatAdamW(list(twin.parameters()), lr=1e-2, max_grad_norm=1.0)
+    set_state_dict(twin, twin_opt, model_state_dict=twin.state_dict(), optim_state_dict=optim_sd)
+    torch.testing.assert_close(twin_opt._exp_avg, opt._exp_avg)
+    torch.testing.assert_close(twin_opt._steps, opt._steps)
+
+
+def test_bad_input_is_one_line():
+    with pytest.raises(FasttrainError, match="dense fp32 weights"):
+        FlatAdamW([torch.zeros(3, dtype=torch.bfloat16, requires_grad=True)])
+    with pytest.raises(FasttrainError, match="not parameter groups"):
+        FlatAdamW([{"params": [torch.zeros(3, requires_grad=True)]}])
+    with pytest.raises(FasttrainError, match="dense weights"):
+        FlatAdamW([torch.zeros(4, 4)[:, :2].requires_grad_()])
+    with pytest.raises(FasttrainError, match="betas"):
+        FlatAdamW([torch.zeros(3, requires_grad=True)], betas=(1.0, 0.999))
+    with pytest.raises(FasttrainError, match="no parameters"):
+        FlatAdamW([])
+
+
+def test_recipe_runs_it_with_the_ema_folded_in_and_keeps_the_losses():
+    from fasttrain.recipe import Recipe
+    from fasttrain.run.loop import train
+    from fasttrain.workloads import load_workload
+
+    wl = load_workload("sd", "tiny")
+    base = train(wl, Recipe(optimizer_impl="fused", ema="foreach", lr=1e-3), steps=3, warmup=0,
+                 device="cpu")
+    ours = train(wl, Recipe(optimizer_impl="triton", ema="foreach", lr=1e-3), steps=3, warmup=0,
+                 device="cpu")
+    assert ours.losses == pytest.approx(base.losses, rel=1e-5)
+    assert "one Triton launch a step, gradient clipping inside" in ours.applied["optimizer"]
+    assert "folded into the optimizer's Triton kernel (in place of foreach)" in ours.applied["ema"]
+    assert not ours.warnings
+
+
+def test_recipe_falls_back_where_the_weights_are_not_fp32():
+    from fasttrain.recipe import Recipe
+    from fasttrain.run.loop import train
+    from fasttrain.workloads import load_workload
+
+    res = train(load_workload("vit", "tiny"), Recipe(optimizer_impl="triton",
+                                                     precision="bf16-true"),
+                steps=1, warmup=0, device="cpu")
+    assert "fused: triton could not run" in res.applied["optimizer"]
+    assert any("these are bfloat16 (precision=bf16-true); using PyTorch's fused AdamW" in w
+               for w in res.warnings)
