@@ -1,26 +1,40 @@
 #!/usr/bin/env bash
-# One H200: the one-launch optimizer (optimizer_impl=triton). Its GPU tests, the optimizer
-# microbenchmark (SD, Llama-1B, ViT-B weights), then `fasttrain train` of each preset in PRESETS
-# (default: SD's fast preset) as it is and with the one-launch optimizer, one after the other on
-# the same GPU; EXTRA="swin:FILE:KEY=VALUE ..." adds more train runs. Rows land under $OUT.
+# One H200: the one-launch optimizer (optimizer_impl=triton). Its GPU tests, optionally the
+# optimizer microbenchmark (MICRO=1: SD, Llama-1B and ViT-B weights), then `fasttrain train` of
+# each WORKLOAD:PRESET in PRESETS as it is and with the one-launch optimizer, one after the other
+# on the same GPU; EXTRA="WORKLOAD:PRESET:KEY=VALUE ..." adds more train runs. The train rows
+# land in $OUT/train-WORKLOAD.jsonl, one line each.
 . "$(dirname "$0")/lanes.sh"
 T="python3 -m fasttrain train --size base --steps 30 --warmup 5"
-cmds=("python3 -m pytest -q -m gpu tests/test_gpu.py -k 'window or one_launch' 2>&1 | tail -15"
-      "python3 benchmarks/kernels_micro.py --only optimizer --out $OUT/kernels-micro-optimizer.jsonl")
+cmds=("python3 -m pytest -q -m gpu tests/test_gpu.py -k '${GPU_TESTS:-one_launch}' --tb=short 2>&1 | grep -v Warning | tail -40")
+[ -n "${MICRO:-}" ] && cmds+=("python3 benchmarks/kernels_micro.py --only optimizer --out $OUT/kernels-micro-optimizer.jsonl")
+i=0
 for p in ${PRESETS:-sd:benchmarks/results/presets/fast-sd-base-20261121-060953.toml}; do
   w=${p%%:*}; f=${p#*:}
-  cmds+=("$T $w --recipe $f | tail -1 >> $OUT/train-$w.jsonl"
-         "$T $w --recipe $f --set optimizer_impl=triton | tail -1 >> $OUT/train-$w.jsonl")
+  cmds+=("$T $w --recipe $f > $OUT/run-$((i++))-$w.out"
+         "$T $w --recipe $f --set optimizer_impl=triton > $OUT/run-$((i++))-$w.out")
 done
 for e in ${EXTRA:-}; do
   IFS=: read -r w f kv <<< "$e"
-  cmds+=("$T $w --recipe $f --set $kv | tail -1 >> $OUT/train-$w.jsonl")
+  cmds+=("$T $w --recipe $f --set $kv > $OUT/run-$((i++))-$w.out")
 done
 lane 0 0-15 "${cmds[@]}"
 finish_lanes
-grep -v '^USDT' "$OUT/lanes.log" | grep '^== \|passed\|failed\|rror\|^optimizer' | tail -c 8000
-for f in "$OUT"/train-*.jsonl; do [ -f "$f" ] && python3 -c "
-import json,sys
-for l in open('$f'):
-    r=json.loads(l); print(r.get('workload'), r['recipe'].get('optimizer_impl'), r['recipe'].get('compile_mode'), r.get('throughput'), r.get('step_time_s'), r.get('warmup_s'), r.get('error'), r.get('warnings'))
-"; done
+grep -v '^USDT' "$OUT/lanes.log" | grep -v '^E1\|^  \|Warning\|warn' | tail -c 6000
+python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+for f in sorted(out.glob("run-*.out"), key=lambda p: int(p.name.split("-")[1])):
+    text = f.read_text()
+    at = text.rfind('{\n "kind": "train"')
+    if at < 0:
+        print(f.name, "no row:", text[-300:]); continue
+    row = json.loads(text[at:])
+    with open(out / f"train-{row['workload']}.jsonl", "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    r = row["recipe"]
+    print(row["workload"], r["optimizer_impl"], r["compile_mode"], round(row["throughput"], 1),
+          round(1e3 * row["step_time_s"], 2), "ms", round(row["warmup_s"], 1), "s",
+          row.get("applied", {}).get("optimizer"), row.get("warnings"))
+    f.unlink()
+PY

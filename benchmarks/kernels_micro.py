@@ -368,7 +368,7 @@ def optimizer_rows(env: dict) -> list[dict]:
             rows.append(_opt_row(env, f"fasttrain one launch, block {block} x {warps} warps",
                                  shape, flat.step, gbytes))
             del ps, flat
-        adamw.LAUNCH.update(block=2048, warps=4)
+        adamw.LAUNCH.update(block=1024, warps=4)
         del weights, grads
         torch.cuda.empty_cache()
     return rows
