@@ -21,20 +21,4 @@ done
 lane 0 0-15 "${cmds[@]}"
 finish_lanes
 grep -v '^USDT' "$OUT/lanes.log" | grep -v '^E1\|^  \|Warning\|warn' | tail -c 6000
-python3 - "$OUT" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-for f in sorted(out.glob("run-*.out"), key=lambda p: int(p.name.split("-")[1])):
-    text = f.read_text()
-    at = text.rfind('{\n "kind": "train"')
-    if at < 0:
-        print(f.name, "no row:", text[-300:]); continue
-    row = json.loads(text[at:])
-    with open(out / f"train-{row['workload']}.jsonl", "a") as fh:
-        fh.write(json.dumps(row) + "\n")
-    r = row["recipe"]
-    print(row["workload"], r["optimizer_impl"], r["compile_mode"], round(row["throughput"], 1),
-          round(1e3 * row["step_time_s"], 2), "ms", round(row["warmup_s"], 1), "s",
-          row.get("applied", {}).get("optimizer"), row.get("warnings"))
-    f.unlink()
-PY
+python3 benchmarks/train_rows.py "$OUT"

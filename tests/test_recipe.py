@@ -22,6 +22,7 @@ def test_defaults_are_the_fp32_baseline():
     ({"kernels": "window,flash"}, "comma-separated list of patch, loss, window"),
     ({"autotune_reductions": True}, "autotune_reductions tunes torch.compile's kernels"),
     ({"optimizer_impl": "triton", "optimizer": "sgd"}, "it takes optimizer=adamw"),
+    ({"compile_cache": True}, "compile_cache keeps torch.compile's results"),
 ])
 def test_bad_recipes_are_one_line_errors(changes, needle):
     with pytest.raises(FasttrainError) as err:

@@ -1,4 +1,6 @@
 """Each technique does what it claims, on the tiny workloads, on CPU."""
+from pathlib import Path
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -284,3 +286,27 @@ def test_cuda_graphs_refuse_batches_with_varying_item_counts():
     state = SimpleNamespace(cuda=True, workload=load_workload("llama", "tiny", varlen=True))
     with pytest.raises(FasttrainError, match="varying item counts"):
         cuda_graphs.apply(state)
+
+
+def test_compile_cache_is_saved_after_a_run_and_loaded_by_the_next(tmp_path, monkeypatch):
+    """compile_cache: the first run compiles and saves torch.compile's artifacts; a second run
+    of the same recipe loads them before compiling (Inductor's CPU backend, a tiny model)."""
+    import sys
+
+    monkeypatch.setenv("FASTTRAIN_CACHE", str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    sys.modules.pop("examples.my_workload", None)
+    wl = load_workload("examples.my_workload:make_workload")
+    recipe = Recipe(compile="model", compile_cache=True)
+    first = train(wl, recipe, steps=1, warmup=1, device="cpu")
+    assert "compile cache: none yet at" in first.applied["compile"]
+    files = list((tmp_path / "compile").glob("my-classifier-*.bin"))
+    assert len(files) == 1 and files[0].stat().st_size > 0
+    assert f"saved to {files[0]}" in first.applied["compile"]
+    second = train(wl, recipe, steps=1, warmup=1, device="cpu")
+    assert f"entries loaded from {files[0]}" in second.applied["compile"]
+    assert second.losses == pytest.approx(first.losses)
+    # another recipe is another file
+    other = train(wl, recipe.replace(batch=16), steps=1, warmup=1, device="cpu")
+    assert "none yet" in other.applied["compile"]
+    assert len(list((tmp_path / "compile").glob("*.bin"))) == 2

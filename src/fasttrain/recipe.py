@@ -82,6 +82,11 @@ class Recipe:
     """torch.compile mode."""
     compile_backend: str = "inductor"
     """torch.compile backend (eager / aot_eager are for debugging and tests)."""
+    compile_cache: bool = False
+    """Keep torch.compile's results (Inductor kernels, AOTAutograd graphs, autotuning) in one
+    file per workload, batch, recipe, torch and GPU under ``$FASTTRAIN_CACHE/compile`` after
+    the run, and load it before the next: a later run, on this machine or another with a copy
+    of the folder, skips most of the compile warm-up."""
     autotune_reductions: bool = False
     """Inductor autotunes the split size of its mix-order reductions (a norm's backward that
     sums the weight gradients per split in the same kernel, then finishes them with an eager sum
@@ -217,6 +222,9 @@ def validate(r: Recipe) -> None:
     _choice("ema", r.ema, EMA_MODES)
     _choice("compile", r.compile, COMPILE)
     _choice("compile_mode", r.compile_mode, COMPILE_MODES)
+    if r.compile_cache and r.compile == "none":
+        raise FasttrainError("recipe: compile_cache keeps torch.compile's results; set "
+                             "compile=model or compile=regional")
     if r.autotune_reductions and r.compile == "none":
         raise FasttrainError("recipe: autotune_reductions tunes torch.compile's kernels; set "
                              "compile=model or compile=regional")

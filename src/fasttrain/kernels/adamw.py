@@ -12,8 +12,9 @@ What is fused
 
     The kernel reaches every tensor through a table of where it is (weights and gradients live
     wherever the model and autograd put them), kept as element offsets from the flat state
-    buffer so that 16-byte alignment is provable and whole blocks load as vectors; the moments and the EMA live in flat buffers the
-    optimizer owns, each tensor's slice aligned to 64 bytes. The state seen from outside is
+    buffer so that 16-byte alignment is provable and whole blocks load as vectors; the moments
+    and the EMA live in flat buffers the optimizer owns, each tensor's slice aligned to 64
+    bytes. The state seen from outside is
     PyTorch's AdamW state (``exp_avg``, ``exp_avg_sq``, ``step`` per parameter), as views into
     those buffers, so ``state_dict``/``load_state_dict`` and DCP checkpoints work as usual.
 
@@ -25,7 +26,8 @@ CUDA graphs
     The gradients' places are written into a pinned host table that a small kernel copies to
     the device in the step; under capture that kernel is a graph node reading the host table at
     replay, where the graph's gradients have the captured addresses (the table used in a capture
-    is kept and never written again; pinned memory is allocated only outside captures). The step count lives on the device (``capturable``), so no host sync.
+    is kept and never written again; pinned memory is allocated only outside captures). The
+    step counts live on the device (``capturable``), so no host sync.
 
 Numerics
     fp32 arithmetic in PyTorch's fused AdamW order (decoupled decay, then moments, then the
@@ -36,7 +38,8 @@ Numerics
 Limits
     One parameter group; fp32 weights and gradients on one device (the mixed-precision case:
     autocast with fp32 weights); dense gradients. A parameter without a gradient is skipped in
-    that step (its step count does not advance), as in PyTorch.
+    that step (its step count does not advance), as in PyTorch; its EMA still moves, as a
+    foreach lerp over all weights would.
 """
 from __future__ import annotations
 
@@ -54,7 +57,8 @@ __all__ = ["FlatAdamW", "LAUNCH"]
 
 LAUNCH = {"block": 1024, "warps": 4}
 """Elements and warps per program of the step kernel: 1,024 x 4 measured fastest of
-1,024/2,048/4,096 on the H200 for SD, Llama-1B and ViT-B weights (kernels-micro-optimizer-20261121-0952)."""
+1,024/2,048/4,096 on the H200 for SD, Llama-1B and ViT-B weights
+(kernels-micro-optimizer-20261121-0952)."""
 
 _ALIGN = 16  # elements: each tensor's slice of the flat state starts on a 64-byte boundary
 
@@ -284,7 +288,7 @@ class FlatAdamW(torch.optim.Optimizer):
         if ptrs == self._last:
             return aligned
         if self._copied is not None:
-            self._copied.synchronize()  # the previous copy has read the host table
+            self._copied.synchronize()  # the last fetch has read the host table
         self._fetch(ptrs)
         self._copied = torch.cuda.Event()
         self._copied.record()

@@ -26,7 +26,7 @@ from ..techniques import TrainState, apply_all, unmet_requirements
 from ..distributed import env as dist_env
 from ..techniques import allocator, init
 from ..techniques import attention as attn
-from ..techniques.compile import graph_stats, limit_warning
+from ..techniques.compile import graph_stats, limit_warning, save_cache
 from ..workloads.base import Batch, Workload
 from . import checkpoint
 from .data import DevicePrefetcher, HostBatches, make_loader, to_device
@@ -265,6 +265,9 @@ def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
         dist_env.barrier("start of training", recipe.dist_timeout)
         res = _measure(state, dataset, flops, steps, warmup, observers, start)
         res.observed = {obs.name: obs.report() for obs in observers}
+        saved = save_cache(state)
+        if saved:
+            res.applied["compile"] = f"{res.applied.get('compile', '')}; {saved}".lstrip("; ")
         if save_to:
             checkpoint.save(state, save_to, start + warmup + steps)
         dist_env.barrier("end of training", recipe.dist_timeout)

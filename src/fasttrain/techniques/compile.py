@@ -8,7 +8,11 @@ CPU, Triton on CUDA, for the inductor backend.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -28,7 +32,7 @@ def apply(state: TrainState) -> str | None:
     # shape turns on dynamo's automatic dynamic shapes and later blocks get dynamic-shape graphs.
     opts = {"mode": None if r.compile_mode == "default" else r.compile_mode,
             "backend": r.compile_backend, "dynamic": False}
-    tuned = _autotune_reductions(state)
+    tuned = _autotune_reductions(state) + _load_cache(state)
     if r.compile == "model":
         state.model.compile(**opts)
         return f"whole model compiled (backend {r.compile_backend}, mode {r.compile_mode}){tuned}"
@@ -67,6 +71,65 @@ def _autotune_reductions(state: TrainState) -> str:
         return ""
     state.set_flag(triton_cfg, flag, True)
     return "; mix-order reduction split sizes autotuned"
+
+
+def cache_file(state: TrainState) -> Path:
+    """The compile cache of this run: one file per workload, batch, recipe, torch, triton and
+    GPU (compiled kernels are specific to all of them)."""
+    from ..workloads.data import cache_root
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    dev = state.device
+    key = {"workload": state.workload.describe(), "micro_batch": state.micro_batch,
+           "recipe": state.recipe.to_dict(), "torch": torch.__version__, "triton": triton_version,
+           "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "compile" / f"{state.workload.name}-{digest}.bin"
+
+
+def _entries(info) -> int:
+    return sum(len(v) for v in getattr(info, "artifacts", {}).values())
+
+
+def _load_cache(state: TrainState) -> str:
+    """Load this run's compile cache before anything compiles; the text that says what happened."""
+    if not state.recipe.compile_cache:
+        return ""
+    path = cache_file(state)
+    if not path.is_file():
+        return f"; compile cache: none yet at {path} (saved after this run)"
+    try:
+        info = torch.compiler.load_cache_artifacts(path.read_bytes())
+    except Exception as err:  # a cache from another torch build: compile from scratch
+        state.warn("compile", f"compile cache {path} could not be loaded "
+                   f"({type(err).__name__}: {str(err)[:80]}); compiling from scratch")
+        return ""
+    return f"; compile cache: {_entries(info)} entries loaded from {path}"
+
+
+def save_cache(state: TrainState) -> str | None:
+    """After a run with ``compile_cache``: write what torch.compile made to the cache file
+    (atomically; rank 0 only); the text that says so, or None when there is nothing to do."""
+    from ..distributed import env as dist_env
+
+    if not state.recipe.compile_cache or state.recipe.compile == "none" \
+            or not dist_env.current().main:
+        return None
+    got = torch.compiler.save_cache_artifacts()
+    if got is None:
+        state.warn("compile", "compile cache: torch.compile reported nothing to save")
+        return None
+    data, info = got
+    path = cache_file(state)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return f"compile cache: {_entries(info)} entries ({len(data) / 1e6:.1f} MB) saved to {path}"
 
 
 def graph_stats(since: dict[str, int] | None = None) -> dict[str, int]:

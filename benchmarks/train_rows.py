@@ -1,0 +1,29 @@
+"""Collect the rows that `fasttrain train` printed into FOLDER/run-N-*.out files: one compact
+line each in FOLDER/train-WORKLOAD.jsonl, in run order, and a one-line summary per run."""
+import json
+import sys
+from pathlib import Path
+
+
+def main(folder: str) -> int:
+    out = Path(folder)
+    for f in sorted(out.glob("run-*.out"), key=lambda p: int(p.name.split("-")[1])):
+        text = f.read_text()
+        at = text.rfind('{\n "kind": "train"')
+        if at < 0:
+            print(f.name, "no row:", text[-300:])
+            continue
+        row = json.loads(text[at:])
+        with open(out / f"train-{row['workload']}.jsonl", "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        r = row["recipe"]
+        print(row["workload"], r["optimizer_impl"], r["compile_mode"],
+              f"{row['throughput']:.1f} {row['throughput_unit']}/s",
+              f"{1e3 * row['step_time_s']:.2f} ms", f"warm-up {row['warmup_s']:.1f} s",
+              row.get("applied", {}).get("compile"), row.get("warnings"))
+        f.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1]))
