@@ -79,6 +79,35 @@ def test_matches_adamw_with_clipping_and_ema(small_blocks, clip, decay, wd):
             torch.testing.assert_close(s, e, rtol=2e-6, atol=2e-6)
 
 
+def test_unaligned_weights_and_a_step_without_gradients(small_blocks):
+    """A weight that starts 4 bytes into its storage (as in a packed bucket) takes the scalar
+    path next to aligned ones; a step where no weight has a gradient still moves the EMA."""
+    def weights():
+        g = torch.Generator().manual_seed(3)
+        store = torch.randn(1 + 130 * 3, generator=g)
+        odd = store[1:131].detach().requires_grad_()  # 4 bytes past a 16-byte boundary
+        return [odd, torch.randn(200, generator=g).requires_grad_()]
+    ours, ref = weights(), weights()
+    assert ours[0].data_ptr() % 16 and not ours[1].data_ptr() % 16
+    opt = FlatAdamW(ours, lr=1e-2, max_grad_norm=1.0)
+    shadow = opt.attach_ema(0.5)
+    torch_opt = torch.optim.AdamW(ref, lr=1e-2, foreach=False)
+    ema = [w.detach().clone() for w in ref]
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        for a, b in zip(ours, ref):
+            grad = torch.randn(a.shape, generator=g)
+            a.grad, b.grad = (grad.clone(), grad.clone()) if step != 1 else (None, None)
+        if step != 1:
+            torch.nn.utils.clip_grad_norm_(ref, 1.0)
+            torch_opt.step()
+        opt.step()
+        torch._foreach_lerp_(ema, [w.detach() for w in ref], 0.5)
+    for a, b, s, e in zip(ours, ref, shadow, ema):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(s, e, rtol=2e-6, atol=2e-6)
+
+
 def test_state_dict_round_trip_keeps_the_flat_state(small_blocks):
     ours, _ = _pair()
     opt = FlatAdamW(ours, lr=1e-2)
@@ -131,6 +160,11 @@ def test_bad_input_is_one_line():
         FlatAdamW([torch.zeros(3, requires_grad=True)], betas=(1.0, 0.999))
     with pytest.raises(FasttrainError, match="no parameters"):
         FlatAdamW([])
+    w = torch.zeros(3, requires_grad=True)
+    with pytest.raises(FasttrainError, match="same parameter twice"):
+        FlatAdamW([w, w])
+    with pytest.raises(FasttrainError, match="one parameter group"):
+        FlatAdamW([w]).add_param_group({"params": [torch.zeros(2, requires_grad=True)]})
 
 
 def test_recipe_runs_it_with_the_ema_folded_in_and_keeps_the_losses():

@@ -7,8 +7,8 @@ What is fused
     each (a multi-tensor launch covers ~100 tensors). Per parameter that is 52 bytes of traffic
     (norm 4; clip 8; AdamW 28; EMA 12). Here the norm is PyTorch's multi-tensor norm (4 bytes),
     and everything else is one launch that reads the gradient, the weight, both moments and the
-    EMA once and writes weight, moments and EMA once (36 bytes); the clip factor is applied to
-    the gradient in registers, so the gradients are not rewritten.
+    EMA once and writes weight, moments and EMA once (36 bytes; 40 a weight in all); the clip
+    factor is applied to the gradient in registers, so the gradients are not rewritten.
 
     The kernel reaches every tensor through a table of where it is (weights and gradients live
     wherever the model and autograd put them), kept as element offsets from the flat state
@@ -27,7 +27,9 @@ CUDA graphs
     the device in the step; under capture that kernel is a graph node reading the host table at
     replay, where the graph's gradients have the captured addresses (the table used in a capture
     is kept and never written again; pinned memory is allocated only outside captures). The
-    step counts live on the device (``capturable``), so no host sync.
+    step counts live on the device (``capturable``), so no host sync. The learning rate is an
+    argument of the launch: a captured step keeps the rate it was captured with (fasttrain's
+    recipes refuse a schedule with CUDA graphs for this reason).
 
 Numerics
     fp32 arithmetic in PyTorch's fused AdamW order (decoupled decay, then moments, then the
@@ -39,10 +41,15 @@ Limits
     One parameter group; fp32 weights and gradients on one device (the mixed-precision case:
     autocast with fp32 weights); dense gradients. A parameter without a gradient is skipped in
     that step (its step count does not advance), as in PyTorch; its EMA still moves, as a
-    foreach lerp over all weights would.
+    foreach lerp over all weights would (also in a step where no weight has a gradient; not in
+    a step that GradScaler skips, which never calls ``step``). Tensors of up to 2³¹ − 8,193
+    elements; a tensor whose weight or gradient does not start on 16 bytes (a DDP bucket view,
+    say) takes the kernel's scalar path. Parameters missing from a loaded state dict keep their
+    state; ``maximize`` and ``amsgrad`` are not supported.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Iterable
 
@@ -61,6 +68,7 @@ LAUNCH = {"block": 1024, "warps": 4}
 (kernels-micro-optimizer-20261121-0952)."""
 
 _ALIGN = 16  # elements: each tensor's slice of the flat state starts on a 64-byte boundary
+_MAX_NUMEL = 2 ** 31 - 1 - 8192  # the kernel's in-tensor offsets are int32
 
 
 @triton.jit
@@ -94,11 +102,11 @@ def _update(m_ptr, v_ptr, ema_ptr, coef_ptr, p_offs, g_offs, s_offs, mask, has_g
 def _adamw_step(table_ptr, n_tensors, chunk_tensor_ptr, chunk_start_ptr, numel_ptr,
                 state_off_ptr, steps_ptr, have_ptr, m_ptr, v_ptr, ema_ptr, coef_ptr,
                 lr, beta1, beta2, log2_beta1, log2_beta2, eps, weight_decay, ema_weight,
-                HAS_CLIP: tl.constexpr, HAS_EMA: tl.constexpr, ALIGNED: tl.constexpr,
-                BLOCK: tl.constexpr):
+                HAS_CLIP: tl.constexpr, HAS_EMA: tl.constexpr, BLOCK: tl.constexpr):
     """One program: BLOCK elements of one tensor (chunk c of the chunk table). Weights and
     gradients are addressed as element offsets from m_ptr (any two fp32 addresses are a whole
-    number of elements apart), so that their alignment is provable and the loads vectorize."""
+    number of elements apart); the table's third part says per tensor whether both start on
+    16 bytes, which makes a whole block's loads provably aligned vectors."""
     c = tl.program_id(0)
     t = tl.load(chunk_tensor_ptr + c)
     start = tl.load(chunk_start_ptr + c)
@@ -107,10 +115,7 @@ def _adamw_step(table_ptr, n_tensors, chunk_tensor_ptr, chunk_start_ptr, numel_p
     p_offs = tl.load(table_ptr + t) + start + idx
     g_offs = tl.load(table_ptr + n_tensors + t) + start + idx
     s_offs = tl.load(state_off_ptr + t) + start + idx
-    if ALIGNED:  # every slice starts on 16 bytes
-        p_offs = tl.max_contiguous(tl.multiple_of(p_offs, 4), BLOCK)
-        g_offs = tl.max_contiguous(tl.multiple_of(g_offs, 4), BLOCK)
-        s_offs = tl.max_contiguous(tl.multiple_of(s_offs, 16), BLOCK)
+    aligned = tl.load(table_ptr + 2 * n_tensors + t) != 0
     lr = tl.cast(lr, tl.float32)
     beta1, beta2 = tl.cast(beta1, tl.float32), tl.cast(beta2, tl.float32)
     eps, weight_decay = tl.cast(eps, tl.float32), tl.cast(weight_decay, tl.float32)
@@ -119,11 +124,14 @@ def _adamw_step(table_ptr, n_tensors, chunk_tensor_ptr, chunk_start_ptr, numel_p
     bc1 = 1.0 - tl.exp2(step * tl.cast(log2_beta1, tl.float32))
     bc2_sqrt = tl.sqrt(1.0 - tl.exp2(step * tl.cast(log2_beta2, tl.float32)))
     has_grad = tl.load(have_ptr + t) != 0
-    if start + BLOCK <= n:  # a whole block: no mask, so the loads stay vectors
-        _update(m_ptr, v_ptr, ema_ptr, coef_ptr, p_offs, g_offs, s_offs, None, has_grad,
+    if (start + BLOCK <= n) & aligned:  # a whole, aligned block: no mask, vector loads
+        _update(m_ptr, v_ptr, ema_ptr, coef_ptr,
+                tl.max_contiguous(tl.multiple_of(p_offs, 4), BLOCK),
+                tl.max_contiguous(tl.multiple_of(g_offs, 4), BLOCK),
+                tl.max_contiguous(tl.multiple_of(s_offs, 16), BLOCK), None, has_grad,
                 lr, beta1, beta2, bc1, bc2_sqrt, eps, weight_decay, ema_weight,
                 HAS_CLIP, HAS_EMA)
-    else:  # the tensor's last, partial block
+    else:  # the tensor's last, partial block, or a tensor that is not 16-byte aligned
         _update(m_ptr, v_ptr, ema_ptr, coef_ptr, p_offs, g_offs, s_offs, start + idx < n,
                 has_grad, lr, beta1, beta2, bc1, bc2_sqrt, eps, weight_decay, ema_weight,
                 HAS_CLIP, HAS_EMA)
@@ -171,6 +179,8 @@ class FlatAdamW(torch.optim.Optimizer):
             raise FasttrainError("FlatAdamW got no parameters")
         if not 0.0 < betas[0] < 1.0 or not 0.0 < betas[1] < 1.0:
             raise FasttrainError(f"FlatAdamW: betas must lie in (0, 1), got {betas}")
+        if len({id(p) for p in params}) != len(params):
+            raise FasttrainError("FlatAdamW got the same parameter twice")
         device = params[0].device
         for p in params:
             if p.dtype != torch.float32 or p.device != device or p.is_sparse:
@@ -180,6 +190,9 @@ class FlatAdamW(torch.optim.Optimizer):
             if not _dense(p):
                 raise FasttrainError(f"FlatAdamW needs dense weights; one of shape "
                                      f"{tuple(p.shape)} has strides {p.stride()}")
+            if p.numel() > _MAX_NUMEL:
+                raise FasttrainError(f"FlatAdamW takes tensors of up to {_MAX_NUMEL:,} elements; "
+                                     f"one has {p.numel():,}")
         if not runs_on(params[0]):
             raise FasttrainError("FlatAdamW runs its Triton kernel on CUDA (or on the CPU "
                                  "under TRITON_INTERPRET=1)")
@@ -210,13 +223,17 @@ class FlatAdamW(torch.optim.Optimizer):
         self._ema: torch.Tensor | None = None
         self._ema_weight = 0.0
         self._bind_state()
-        # where the weights, then the gradients, are; copied to the device each step
-        self._table = torch.zeros(2 * len(params), dtype=torch.int64, device=device)
-        self._host: torch.Tensor | None = self._new_host_table()
+        # where the weights, then the gradients, are, then whether both are 16-byte aligned;
+        # fetched to the device when they change. Eager steps alternate between two pinned
+        # host tables (a table is rewritten only after the fetch that read it has run); a
+        # capture takes a spare one, made outside it, and a device table of its own.
+        self._table = torch.zeros(3 * len(params), dtype=torch.int64, device=device)
+        self._hosts = [self._new_host_table(), self._new_host_table()]
+        self._fetched: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
         self._spare: torch.Tensor | None = self._new_host_table()
-        self._copied: torch.cuda.Event | None = None
         self._last: list[int] | None = None
-        self._captured_tables: list[torch.Tensor] = []
+        self._captured: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._patterns: dict[tuple[bool, ...], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ state
@@ -247,7 +264,12 @@ class FlatAdamW(torch.optim.Optimizer):
     # ------------------------------------------------------------------ step
     def _new_host_table(self) -> torch.Tensor:
         pin = self.device.type == "cuda"
-        return torch.zeros(2 * len(self.params), dtype=torch.int64, pin_memory=pin)
+        return torch.zeros(3 * len(self.params), dtype=torch.int64, pin_memory=pin)
+
+    def add_param_group(self, param_group: dict) -> None:
+        if self.param_groups:
+            raise FasttrainError("FlatAdamW steps one parameter group; build another FlatAdamW")
+        super().add_param_group(param_group)
 
     def _grads(self) -> list[torch.Tensor | None]:
         grads = []
@@ -262,43 +284,44 @@ class FlatAdamW(torch.optim.Optimizer):
             grads.append(g)
         return grads
 
-    def _upload(self, grads: list[torch.Tensor | None]) -> bool:
-        """Where the weights and gradients are, into the device table (see the module
-        docstring on graphs); whether all of them start on 16 bytes."""
+    def _upload(self, grads: list[torch.Tensor | None]) -> torch.Tensor:
+        """Where the weights and gradients are, into a device table (see the module docstring
+        on graphs); the table the kernel reads."""
         origin = self._exp_avg.data_ptr()
-        ptrs = [(p.data_ptr() - origin) // 4 for p in self.params] + [
-            (g.data_ptr() - origin) // 4 if g is not None else 0 for g in grads]
-        aligned = all(k % 4 == 0 for k in ptrs)  # the origin is an allocation's start
+        p_at = [(p.data_ptr() - origin) // 4 for p in self.params]
+        g_at = [(g.data_ptr() - origin) // 4 if g is not None else 0 for g in grads]
+        ptrs = p_at + g_at + [int(a % 4 == 0 and b % 4 == 0) for a, b in zip(p_at, g_at)]
         if self.device.type != "cuda":
             self._table.copy_(torch.tensor(ptrs, dtype=torch.int64))
-            return aligned
+            return self._table
         if torch.cuda.is_current_stream_capturing():
-            # pinned memory cannot be allocated during a capture: this one was made before
-            if self._host is None:
+            # pinned memory cannot be allocated during a capture: the spare was made before
+            if self._spare is None:
                 raise FasttrainError("FlatAdamW: a second CUDA-graph capture without an eager "
                                      "step in between; run one step eagerly first")
-            self._fetch(ptrs)
-            self._captured_tables.append(self._host)  # read by every replay: never rewritten
-            self._host, self._spare, self._last = self._spare, None, None
-            return aligned
-        if self._host is None:
-            self._host = self._new_host_table()
+            host, self._spare = self._spare, None
+            table = torch.empty_like(self._table)  # the graph's own: replays leave ours alone
+            self._fetch(host, table, ptrs)
+            self._captured.append((host, table))  # read by every replay: never rewritten
+            return table
         if self._spare is None:  # for the next capture
             self._spare = self._new_host_table()
         if ptrs == self._last:
-            return aligned
-        if self._copied is not None:
-            self._copied.synchronize()  # the last fetch has read the host table
-        self._fetch(ptrs)
-        self._copied = torch.cuda.Event()
-        self._copied.record()
+            return self._table
+        self._turn ^= 1
+        if self._fetched[self._turn] is not None:
+            self._fetched[self._turn].synchronize()  # the fetch that read it has run
+        self._fetch(self._hosts[self._turn], self._table, ptrs)
+        self._fetched[self._turn] = torch.cuda.Event()
+        self._fetched[self._turn].record()
         self._last = ptrs
-        return aligned
+        return self._table
 
-    def _fetch(self, ptrs: list[int]) -> None:
-        self._host.copy_(torch.tensor(ptrs, dtype=torch.int64))
-        n = self._table.numel()
-        _fetch_table[(triton.cdiv(n, 1024),)](self._host.data_ptr(), self._table, n, BLOCK=1024)
+    @staticmethod
+    def _fetch(host: torch.Tensor, table: torch.Tensor, ptrs: list[int]) -> None:
+        host.copy_(torch.tensor(ptrs, dtype=torch.int64))
+        n = table.numel()
+        _fetch_table[(triton.cdiv(n, 1024),)](host.data_ptr(), table, n, BLOCK=1024)
 
     def _increments(self, grads) -> torch.Tensor:
         """1.0 for each weight with a gradient this step, else 0.0 (one device tensor per
@@ -316,24 +339,28 @@ class FlatAdamW(torch.optim.Optimizer):
                 loss = closure()
         grads = self._grads()
         present = [g for g in grads if g is not None]
-        if not present:
+        if not present and self._ema is None:
             return loss
         group = self.param_groups[0]
-        coef = None
-        if self.max_grad_norm > 0:
-            norm = torch.nn.utils.get_total_norm(present, 2.0)
-            coef = torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
-        increments = self._increments(grads)
-        self._steps.add_(increments)
-        aligned = self._upload(grads)
-        beta1, beta2 = group["betas"]
-        dummy = self._exp_avg
-        _adamw_step[(self._chunk_tensor.numel(),)](
-            self._table, len(self.params), self._chunk_tensor, self._chunk_start, self._numel,
-            self._offsets, self._steps, increments, self._exp_avg, self._exp_avg_sq,
-            self._ema if self._ema is not None else dummy, coef if coef is not None else dummy,
-            float(group["lr"]), float(beta1), float(beta2), math.log2(beta1), math.log2(beta2),
-            float(group["eps"]), float(group["weight_decay"]), self._ema_weight,
-            HAS_CLIP=coef is not None, HAS_EMA=self._ema is not None, ALIGNED=aligned,
-            BLOCK=LAUNCH["block"], num_warps=LAUNCH["warps"])
+        guard = torch.cuda.device(self.device) if self.device.type == "cuda" else \
+            contextlib.nullcontext()
+        with guard:
+            coef = None
+            if self.max_grad_norm > 0 and present:
+                norm = torch.nn.utils.get_total_norm(present, 2.0)
+                coef = torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
+            increments = self._increments(grads)
+            self._steps.add_(increments)
+            table = self._upload(grads)
+            beta1, beta2 = group["betas"]
+            dummy = self._exp_avg
+            _adamw_step[(self._chunk_tensor.numel(),)](
+                table, len(self.params), self._chunk_tensor, self._chunk_start, self._numel,
+                self._offsets, self._steps, increments, self._exp_avg, self._exp_avg_sq,
+                self._ema if self._ema is not None else dummy,
+                coef if coef is not None else dummy,
+                float(group["lr"]), float(beta1), float(beta2), math.log2(beta1),
+                math.log2(beta2), float(group["eps"]), float(group["weight_decay"]),
+                self._ema_weight, HAS_CLIP=coef is not None, HAS_EMA=self._ema is not None,
+                BLOCK=LAUNCH["block"], num_warps=LAUNCH["warps"])
         return loss

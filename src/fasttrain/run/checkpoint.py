@@ -69,8 +69,14 @@ def load(state: TrainState, folder: str | Path) -> int:
                                  f"{key}={now[key]!r}")
     target = _state(state)
     dcp.load(target, checkpoint_id=str(folder))
+    # loading a param group replaces its implementation flags with the saved run's: keep this
+    # run's (fused, foreach, capturable), or a resume under another optimizer_impl runs slower
+    flags = [{k: g[k] for k in ("fused", "foreach", "capturable") if k in g}
+             for g in state.optimizer.param_groups]
     set_state_dict(state.model, state.optimizer, model_state_dict=target["model"],
                    optim_state_dict=target["optim"])
+    for group, kept in zip(state.optimizer.param_groups, flags):
+        group.update(kept)
     if state.ema is not None:
         for i, t in enumerate(state.ema.shadow):
             t.copy_(target["ema"][f"{i}"])
