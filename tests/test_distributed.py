@@ -106,3 +106,22 @@ def test_ladder_rungs_under_torchrun_and_the_scaling_report(tmp_path, monkeypatc
     assert rows[1]["total_throughput"] == pytest.approx(2 * rows[1]["throughput"])
     assert "parity" not in rows[1]  # the world's reference
     assert rows[2]["parity"]["passed"] and rows[2]["parity"]["against"] == "w2-ddp"
+
+
+def test_one_launch_optimizer_under_ddp_and_its_fallback_under_fsdp2(single):
+    """optimizer_impl=triton (interpreted on the CPU) over DDP's gradients, which are views
+    into its buckets, matches one process; FSDP2's sharded weights fall back to PyTorch's
+    AdamW and say so."""
+    ddp = _train("llama", "--steps", "3", "--set", "batch=8", "--set", "sharding=ddp",
+                 "--set", "optimizer_impl=triton", nproc=2)
+    torch.testing.assert_close(torch.tensor(_losses(ddp)), torch.tensor(single), rtol=1e-5,
+                               atol=0)
+    assert "one Triton launch" in json.loads(ddp.stdout)["applied"]["optimizer"]
+    fsdp = _train("llama", "--steps", "3", "--set", "batch=8", "--set", "sharding=zero3",
+                  "--set", "optimizer_impl=triton", nproc=2)
+    torch.testing.assert_close(torch.tensor(_losses(fsdp)), torch.tensor(single), rtol=1e-5,
+                               atol=0)
+    row = json.loads(fsdp.stdout)
+    assert "triton could not run" in row["applied"]["optimizer"]
+    assert any("DTensors (sharded), not plain tensors; using PyTorch's fused AdamW" in w
+               for w in row["warnings"])
