@@ -91,6 +91,14 @@ def _row(env: dict, kernel: str, variant: str, shape: dict, dtype: str,
             rate[0]: value, "peak_gib": peak, "env": env}
 
 
+def _variant_rows(env: dict, kernel: str, variants: dict, args: tuple, shape: dict, dtype: str,
+                  rate: tuple[str, float], grads=None, extra: tuple = ()) -> list[dict]:
+    """One row per variant, each step ``fn(*args, *extra)`` timed by ``_bench``."""
+    return [_row(env, kernel, name, shape, dtype,
+                 _bench(lambda *a: fn(*a, *extra), args, grads), rate)
+            for name, fn in variants.items()]
+
+
 def linear_ce_rows(env: dict) -> list[dict]:
     from fasttrain.kernels.linear_cross_entropy import (linear_cross_entropy,
                                                         linear_cross_entropy_reference)
@@ -112,11 +120,9 @@ def linear_ce_rows(env: dict) -> list[dict]:
         variants = {"eager reference": autocast(linear_cross_entropy_reference),
                     "compiled reference": torch.compile(autocast(linear_cross_entropy_reference)),
                     "fused (chunks of 2048)": autocast(linear_cross_entropy)}
-        for name, fn in variants.items():
-            timed = _bench(fn, (h, w))
-            rows.append(_row(env, "linear_cross_entropy", name,
-                             {"tokens": tokens, "dim": dim, "vocab": vocab},
-                             "bf16 autocast, fp32 weight", timed, ("tflops", flops)))
+        rows += _variant_rows(env, "linear_cross_entropy", variants, (h, w),
+                              {"tokens": tokens, "dim": dim, "vocab": vocab},
+                              "bf16 autocast, fp32 weight", ("tflops", flops))
     return rows
 
 
@@ -145,10 +151,9 @@ def norm_rows(env: dict) -> list[dict]:
         torch._dynamo.reset()
         variants = {"eager reference": call(ref), "compiled reference": torch.compile(call(ref)),
                     "triton fused": call(getattr(norms, kernel))}
-        for name, fn in variants.items():
-            timed = _bench(fn, (x, r, w, b))
-            rows.append(_row(env, f"add+{kernel}", name, {"rows": n, "dim": d, "model": where},
-                             "bf16 activations, fp32 weight", timed, ("gb_per_s", moved)))
+        rows += _variant_rows(env, f"add+{kernel}", variants, (x, r, w, b),
+                              {"rows": n, "dim": d, "model": where},
+                              "bf16 activations, fp32 weight", ("gb_per_s", moved))
     return rows
 
 
@@ -182,10 +187,9 @@ def fp8_rows(env: dict) -> list[dict]:
         torch._dynamo.reset()
         variants = {"bf16 compiled": torch.compile(call(plain)),
                     "fp8 compiled": torch.compile(call(fp8)), "fp8 eager": call(fp8)}
-        for name, fn in variants.items():
-            timed = _bench(fn, (x,))
-            rows.append(_row(env, "linear", name, {"tokens": m, "in": k, "out": n, "model": where},
-                             "bf16 autocast, fp32 weight", timed, ("tflops", flops)))
+        rows += _variant_rows(env, "linear", variants, (x,),
+                              {"tokens": m, "in": k, "out": n, "model": where},
+                              "bf16 autocast, fp32 weight", ("tflops", flops))
     return rows
 
 
@@ -208,10 +212,9 @@ def activation_rows(env: dict) -> list[dict]:
                     "eager bf16 (model's math)": lambda x, b: F.gelu(x + b.to(x.dtype)),
                     "compiled reference": torch.compile(act.bias_gelu_reference),
                     "triton fused": act.bias_gelu}
-        for name, fn in variants.items():
-            timed = _bench(fn, (x, b), (dy,))
-            rows.append(_row(env, "bias+gelu", name, {"rows": n, "dim": d, "model": where},
-                             "bf16 activations, fp32 bias", timed, ("gb_per_s", moved)))
+        rows += _variant_rows(env, "bias+gelu", variants, (x, b),
+                              {"rows": n, "dim": d, "model": where},
+                              "bf16 activations, fp32 bias", ("gb_per_s", moved), (dy,))
 
     for where, n, h in [("llama-1B", 8192, 8192)]:
         gate, up = (torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -224,10 +227,9 @@ def activation_rows(env: dict) -> list[dict]:
                     "eager bf16 (model's math)": lambda g, u: F.silu(g) * u,
                     "compiled reference": torch.compile(act.swiglu_reference),
                     "triton fused": act.swiglu}
-        for name, fn in variants.items():
-            timed = _bench(fn, (gate, up), (dy,))
-            rows.append(_row(env, "swiglu", name, {"tokens": n, "hidden": h, "model": where},
-                             "bf16", timed, ("gb_per_s", moved)))
+        rows += _variant_rows(env, "swiglu", variants, (gate, up),
+                              {"tokens": n, "hidden": h, "model": where}, "bf16",
+                              ("gb_per_s", moved), (dy,))
     return rows
 
 
@@ -262,12 +264,10 @@ def rope_rows(env: dict) -> list[dict]:
                     "eager bf16 (model's apply_rope)": call(model),
                     "compiled reference": torch.compile(call(rope_kernels.rope_reference)),
                     "triton fused": call(rope_kernels.rope)}
-        for name, fn in variants.items():
-            timed = _bench(fn, (q, k), grads)
-            rows.append(_row(env, "rope", name,
-                             {"batch": b, "seq": t, "q_heads": hq, "kv_heads": hk, "head_dim": d,
-                              "model": where},
-                             "bf16, fp32 cos/sin", timed, ("gb_per_s", moved)))
+        rows += _variant_rows(env, "rope", variants, (q, k),
+                              {"batch": b, "seq": t, "q_heads": hq, "kv_heads": hk,
+                               "head_dim": d, "model": where},
+                              "bf16, fp32 cos/sin", ("gb_per_s", moved), grads)
     return rows
 
 
@@ -308,12 +308,11 @@ def window_rows(env: dict) -> list[dict]:
                     "compiled sdpa": torch.compile(sdpa),
                     "compiled math attention": torch.compile(math),
                     "triton fused": window_attention}
-        for name, fn in variants.items():
-            timed = _bench(lambda q, b: fn(q, b, mask, heads), (qkv, bias), (dy,))
-            rows.append(_row(env, "window-attention", name,
-                             {"stage": stage, "windows": windows, "tokens": N, "heads": heads,
-                              "dim": dim, "shifted": mask is not None},
-                             "bf16 qkv, fp32 bias", timed, ("gb_per_s", moved)))
+        rows += _variant_rows(env, "window-attention", variants, (qkv, bias),
+                              {"stage": stage, "windows": windows, "tokens": N, "heads": heads,
+                               "dim": dim, "shifted": mask is not None},
+                              "bf16 qkv, fp32 bias", ("gb_per_s", moved), (dy,),
+                              extra=(mask, heads))
     return rows
 
 
@@ -323,54 +322,62 @@ def optimizer_rows(env: dict) -> list[dict]:
     workload keeps one), as the peer runs it, against fasttrain's one-launch AdamW at a few
     block sizes. GB/s counts the minimal traffic of the fused step for every variant: norm 4
     bytes a weight, AdamW 28, EMA 8."""
+    rows = []
+    for name in ("sd", "llama", "vit"):
+        rows += _optimizer_rows_for(env, name)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _optimizer_rows_for(env: dict, name: str) -> list[dict]:
     from fasttrain.kernels import adamw
     from fasttrain.workloads import load_workload
 
-    rows = []
-    for name in ("sd", "llama", "vit"):
-        wl = load_workload(name, "base")
-        with torch.device("meta"):
-            shapes = [p.shape for p in wl.trainable(wl.build_model()).parameters()
-                      if p.requires_grad]
-        n = sum(s.numel() for s in shapes)
-        ema = wl.has_ema
-        shape = {"workload": name, "tensors": len(shapes), "params_m": round(n / 1e6, 1)}
-        gbytes = n * (4 + 28 + (8 if ema else 0))
-        torch.manual_seed(0)
-        weights = [torch.randn(s, device="cuda") * 0.02 for s in shapes]
-        grads = [torch.randn_like(w) * 1e-3 for w in weights]
+    wl = load_workload(name, "base")
+    with torch.device("meta"):
+        shapes = [p.shape for p in wl.trainable(wl.build_model()).parameters() if p.requires_grad]
+    n = sum(s.numel() for s in shapes)
+    ema = wl.has_ema
+    shape = {"workload": name, "tensors": len(shapes), "params_m": round(n / 1e6, 1)}
+    gbytes = n * (4 + 28 + (8 if ema else 0))
+    torch.manual_seed(0)
+    weights = [torch.randn(s, device="cuda") * 0.02 for s in shapes]
+    grads = [torch.randn_like(w) * 1e-3 for w in weights]
 
-        def params():
-            ps = [w.clone().requires_grad_() for w in weights]
-            for q, g in zip(ps, grads):
-                q.grad = g
-            return ps
+    def params():
+        ps = [w.clone().requires_grad_() for w in weights]
+        for q, g in zip(ps, grads):
+            q.grad = g
+        return ps
 
+    def torch_step():  # each variant's weights and state live only while it is timed
         ps = params()
         opt = torch.optim.AdamW(ps, lr=1e-4, weight_decay=0.01, fused=True, capturable=True)
         shadow = [w.clone() for w in weights] if ema else None
 
-        def torch_step():
+        def step():
             torch.nn.utils.clip_grad_norm_(ps, 1.0)
             opt.step()
             if shadow is not None:
                 torch._foreach_lerp_(shadow, ps, 1e-4)
+        return step
 
-        label = "clip + fused AdamW" + (" + foreach EMA" if ema else "")
-        rows.append(_opt_row(env, label, shape, torch_step, gbytes))
-        del ps, opt, shadow
+    def flat_step():
+        flat = adamw.FlatAdamW(params(), lr=1e-4, weight_decay=0.01, max_grad_norm=1.0)
+        if ema:
+            flat.attach_ema(0.9999)
+        return flat.step
+
+    rows = [_opt_row(env, "clip + fused AdamW" + (" + foreach EMA" if ema else ""), shape,
+                     torch_step(), gbytes)]
+    default = dict(adamw.LAUNCH)
+    try:
         for block, warps in ((1024, 4), (2048, 4), (4096, 8)):
             adamw.LAUNCH.update(block=block, warps=warps)
-            ps = params()
-            flat = adamw.FlatAdamW(ps, lr=1e-4, weight_decay=0.01, max_grad_norm=1.0)
-            if ema:
-                flat.attach_ema(0.9999)
             rows.append(_opt_row(env, f"fasttrain one launch, block {block} x {warps} warps",
-                                 shape, flat.step, gbytes))
-            del ps, flat
-        adamw.LAUNCH.update(block=1024, warps=4)
-        del weights, grads
-        torch.cuda.empty_cache()
+                                 shape, flat_step(), gbytes))
+    finally:
+        adamw.LAUNCH.update(default)
     return rows
 
 

@@ -41,19 +41,29 @@ def git_sha() -> str | None:
     return None
 
 
-def environment(device: torch.device | str | None = None) -> dict:
+def software(device: torch.device | str | None = None) -> dict:
+    """The device and the software a compiled kernel depends on."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         import triton
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    cuda = dev.type == "cuda"
     return {
-        "device_name": torch.cuda.get_device_name(dev) if cuda else platform.processor() or "cpu",
-        "device_count": torch.cuda.device_count() if cuda else 1,
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda"
+        else platform.processor() or "cpu",
         "torch": torch.__version__, "triton": triton_version,
         "cuda": torch.version.cuda, "python": platform.python_version(),
+    }
+
+
+def environment(device: torch.device | str | None = None) -> dict:
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    sw = software(dev)
+    return {
+        "device_name": sw.pop("device_name"),
+        "device_count": torch.cuda.device_count() if dev.type == "cuda" else 1,
+        **sw,
         "git_sha": git_sha(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

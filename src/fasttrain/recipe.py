@@ -182,6 +182,16 @@ def _validate_graphs(r: Recipe) -> None:
                              "capture graphs twice; use default or max-autotune-no-cudagraphs")
 
 
+def _validate_optimizer(r: Recipe) -> None:
+    _choice("optimizer", r.optimizer, OPTIMIZERS)
+    _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
+    if r.optimizer_impl == "triton" and (r.optimizer != "adamw" or r.master_weights
+                                         or r.offload == "optimizer"):
+        raise FasttrainError("recipe: optimizer_impl=triton is an AdamW step over the model's own "
+                             "fp32 weights on the GPU; it takes optimizer=adamw without "
+                             "master_weights or offload=optimizer")
+
+
 def validate(r: Recipe) -> None:
     """One-line errors for values and combinations that cannot work."""
     _choice("precision", r.precision, PRECISIONS)
@@ -191,18 +201,12 @@ def validate(r: Recipe) -> None:
     if r.fp8 != "none" and r.precision not in ("bf16-mixed", "bf16-true"):
         raise FasttrainError(f"recipe: fp8={r.fp8} needs precision=bf16-mixed or bf16-true "
                              f"(its matmuls return bf16), not {r.precision}")
-    _choice("optimizer", r.optimizer, OPTIMIZERS)
-    _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
+    _validate_optimizer(r)
     _choice("schedule", r.schedule, SCHEDULES)
     _choice("checkpointing", r.checkpointing, CHECKPOINTING)
     _choice("offload", r.offload, OFFLOAD)
     _choice("init", r.init, INIT)
     _choice("allocator", r.allocator, ALLOCATOR)
-    if r.optimizer_impl == "triton" and (r.optimizer != "adamw" or r.master_weights
-                                         or r.offload == "optimizer"):
-        raise FasttrainError("recipe: optimizer_impl=triton is an AdamW step over the model's own "
-                             "fp32 weights on the GPU; it takes optimizer=adamw without "
-                             "master_weights or offload=optimizer")
     if r.checkpoint_every < 1:
         raise FasttrainError(f"recipe: checkpoint_every must be >= 1, got {r.checkpoint_every}")
     if r.master_weights and r.precision != "bf16-true":
@@ -222,12 +226,11 @@ def validate(r: Recipe) -> None:
     _choice("ema", r.ema, EMA_MODES)
     _choice("compile", r.compile, COMPILE)
     _choice("compile_mode", r.compile_mode, COMPILE_MODES)
-    if r.compile_cache and r.compile == "none":
-        raise FasttrainError("recipe: compile_cache keeps torch.compile's results; set "
-                             "compile=model or compile=regional")
-    if r.autotune_reductions and r.compile == "none":
-        raise FasttrainError("recipe: autotune_reductions tunes torch.compile's kernels; set "
-                             "compile=model or compile=regional")
+    for switch, what in (("compile_cache", "keeps torch.compile's results"),
+                         ("autotune_reductions", "tunes torch.compile's kernels")):
+        if getattr(r, switch) and r.compile == "none":
+            raise FasttrainError(f"recipe: {switch} {what}; set compile=model or "
+                                 "compile=regional")
     for name in ("workers", "batch"):
         if getattr(r, name) < 0:
             raise FasttrainError(f"recipe: {name} must be >= 0, got {getattr(r, name)}")

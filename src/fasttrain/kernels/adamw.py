@@ -147,6 +147,16 @@ def _fetch_table(src_addr, dst_ptr, n, BLOCK: tl.constexpr):
     tl.store(dst_ptr + i, tl.load(src + i, mask=i < n), mask=i < n)
 
 
+def _chunks(sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tensor index, first element) of every block of LAUNCH["block"] elements: the kernel's
+    programs."""
+    block = LAUNCH["block"]
+    per = [-(-n // block) for n in sizes]
+    tensor = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(per))
+    start = torch.cat([torch.arange(k) * block for k in per])
+    return tensor.to(torch.int32), start.to(torch.int32)
+
+
 def _dense(t: torch.Tensor) -> bool:
     """Whether ``t``'s elements fill exactly ``numel`` consecutive slots of memory, in any order
     (``empty_like`` keeps the strides of exactly such tensors)."""
@@ -157,6 +167,35 @@ def _view(flat: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
     """The slice of ``flat`` at ``offset`` shaped and strided like the dense tensor ``like``
     (element k of ``like``'s memory is element k of the slice)."""
     return flat.as_strided(like.shape, like.stride(), offset)
+
+
+def _checked(params: Iterable[torch.Tensor], betas: tuple[float, float]) -> list[torch.Tensor]:
+    """The parameters as a list, or a one-line error for what FlatAdamW cannot step."""
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        raise FasttrainError("FlatAdamW takes one list of parameters, not parameter groups")
+    if not params:
+        raise FasttrainError("FlatAdamW got no parameters")
+    if not 0.0 < betas[0] < 1.0 or not 0.0 < betas[1] < 1.0:
+        raise FasttrainError(f"FlatAdamW: betas must lie in (0, 1), got {betas}")
+    if len({id(p) for p in params}) != len(params):
+        raise FasttrainError("FlatAdamW got the same parameter twice")
+    device = params[0].device
+    for p in params:
+        if p.dtype != torch.float32 or p.device != device or p.is_sparse:
+            raise FasttrainError(
+                f"FlatAdamW needs dense fp32 weights on one device; got {p.dtype} on "
+                f"{p.device} (bf16 weights: use optimizer_impl=fused)")
+        if not _dense(p):
+            raise FasttrainError(f"FlatAdamW needs dense weights; one of shape "
+                                 f"{tuple(p.shape)} has strides {p.stride()}")
+        if p.numel() > _MAX_NUMEL:
+            raise FasttrainError(f"FlatAdamW takes tensors of up to {_MAX_NUMEL:,} elements; "
+                                 f"one has {p.numel():,}")
+    if not runs_on(params[0]):
+        raise FasttrainError("FlatAdamW runs its Triton kernel on CUDA (or on the CPU "
+                             "under TRITON_INTERPRET=1)")
+    return params
 
 
 class FlatAdamW(torch.optim.Optimizer):
@@ -172,30 +211,8 @@ class FlatAdamW(torch.optim.Optimizer):
     def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, max_grad_norm: float = 0.0):
-        params = list(params)
-        if params and isinstance(params[0], dict):
-            raise FasttrainError("FlatAdamW takes one list of parameters, not parameter groups")
-        if not params:
-            raise FasttrainError("FlatAdamW got no parameters")
-        if not 0.0 < betas[0] < 1.0 or not 0.0 < betas[1] < 1.0:
-            raise FasttrainError(f"FlatAdamW: betas must lie in (0, 1), got {betas}")
-        if len({id(p) for p in params}) != len(params):
-            raise FasttrainError("FlatAdamW got the same parameter twice")
+        params = _checked(params, betas)
         device = params[0].device
-        for p in params:
-            if p.dtype != torch.float32 or p.device != device or p.is_sparse:
-                raise FasttrainError(
-                    f"FlatAdamW needs dense fp32 weights on one device; got {p.dtype} on "
-                    f"{p.device} (bf16 weights: use optimizer_impl=fused)")
-            if not _dense(p):
-                raise FasttrainError(f"FlatAdamW needs dense weights; one of shape "
-                                     f"{tuple(p.shape)} has strides {p.stride()}")
-            if p.numel() > _MAX_NUMEL:
-                raise FasttrainError(f"FlatAdamW takes tensors of up to {_MAX_NUMEL:,} elements; "
-                                     f"one has {p.numel():,}")
-        if not runs_on(params[0]):
-            raise FasttrainError("FlatAdamW runs its Triton kernel on CUDA (or on the CPU "
-                                 "under TRITON_INTERPRET=1)")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       capturable=True, foreach=False, fused=False,
                                       maximize=False, amsgrad=False, differentiable=False))
@@ -205,17 +222,9 @@ class FlatAdamW(torch.optim.Optimizer):
         for n in sizes:
             offsets.append(total)
             total += -(-n // _ALIGN) * _ALIGN
-        block = LAUNCH["block"]
-        per = [-(-n // block) for n in sizes]
-        idx = torch.arange(len(params))
-        self._chunk_tensor = torch.repeat_interleave(idx, torch.tensor(per)).to(torch.int32)
-        self._chunk_start = torch.cat([torch.arange(k, dtype=torch.int32) * block
-                                       for k in per]).to(torch.int32)
-        self._numel = torch.tensor(sizes, dtype=torch.int32)
-        self._offsets = torch.tensor(offsets, dtype=torch.int64)
-        self._chunk_tensor, self._chunk_start, self._numel, self._offsets = (
-            t.to(device) for t in (self._chunk_tensor, self._chunk_start, self._numel,
-                                   self._offsets))
+        self._chunk_tensor, self._chunk_start = (t.to(device) for t in _chunks(sizes))
+        self._numel = torch.tensor(sizes, dtype=torch.int32, device=device)
+        self._offsets = torch.tensor(offsets, dtype=torch.int64, device=device)
         self._exp_avg = torch.zeros(total, dtype=torch.float32, device=device)
         self._exp_avg_sq = torch.zeros(total, dtype=torch.float32, device=device)
         self._steps = torch.zeros(len(params), dtype=torch.float32, device=device)
@@ -275,11 +284,9 @@ class FlatAdamW(torch.optim.Optimizer):
         grads = []
         for p in self.params:
             g = p.grad
-            if g is None:
-                pass
-            elif g.is_sparse:
+            if g is not None and g.is_sparse:
                 raise FasttrainError("FlatAdamW does not take sparse gradients")
-            elif g.dtype != torch.float32 or g.stride() != p.stride():
+            if g is not None and (g.dtype != torch.float32 or g.stride() != p.stride()):
                 g = torch.empty_like(p).copy_(g)  # the weight's dtype and memory order
             grads.append(g)
         return grads

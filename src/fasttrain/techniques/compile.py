@@ -76,17 +76,11 @@ def _autotune_reductions(state: TrainState) -> str:
 def cache_file(state: TrainState) -> Path:
     """The compile cache of this run: one file per workload, batch, recipe, torch, triton and
     GPU (compiled kernels are specific to all of them)."""
+    from ..env import software
     from ..workloads.data import cache_root
 
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    dev = state.device
     key = {"workload": state.workload.describe(), "micro_batch": state.micro_batch,
-           "recipe": state.recipe.to_dict(), "torch": torch.__version__, "triton": triton_version,
-           "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type}
+           "recipe": state.recipe.to_dict(), **software(state.device)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_root() / "compile" / f"{state.workload.name}-{digest}.bin"
 
