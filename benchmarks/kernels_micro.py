@@ -23,7 +23,8 @@ from fasttrain.env import environment
 
 
 def _bench(fn, args, grads=None) -> tuple[float, float, float | None]:
-    """(ms per forward+backward launched from Python, ms per CUDA-graph replay of the same
+    """(ms per forward+backward — forward only, without autograd, where no input needs a
+    gradient — launched from Python, ms per CUDA-graph replay of the same
     step or None where it cannot be captured, peak GiB above the inputs). ``fn`` returns a
     scalar loss, or with ``grads`` the output tensor(s) these cotangents are backpropagated
     from. The replay is the kernels' own time (the fast preset runs under CUDA graphs); the
@@ -31,6 +32,10 @@ def _bench(fn, args, grads=None) -> tuple[float, float, float | None]:
     from triton.testing import do_bench
 
     def step():
+        if not any(a.requires_grad for a in args):  # a frozen module's forward
+            with torch.no_grad():
+                fn(*args)
+            return
         for a in args:
             if a.requires_grad:
                 a.grad = None
@@ -316,6 +321,43 @@ def window_rows(env: dict) -> list[dict]:
     return rows
 
 
+def groupnorm_rows(env: dict) -> list[dict]:
+    """GroupNorm + SiLU at SD's shapes, bf16 channels-last activations, fp32 weights: the frozen
+    VAE encoder's (forward only) and the UNet's (forward + backward); compile of the reference
+    also on a contiguous (NCHW) input, where each group is one contiguous run."""
+    from fasttrain.kernels.group_norm import group_norm, group_norm_reference
+
+    rows = []
+    cases = [("vae 512 px", (8, 128, 512, 512), False), ("vae 256 px", (8, 256, 256, 256), False),
+             ("vae 128 px", (8, 512, 128, 128), False), ("unet 64", (8, 320, 64, 64), True),
+             ("unet 32", (8, 640, 32, 32), True), ("unet 16", (8, 1280, 16, 16), True)]
+    for where, shape, grad in cases:
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(shape[1], device="cuda").requires_grad_(grad)
+        b = torch.randn(shape[1], device="cuda").requires_grad_(grad)
+        cot = torch.randn(shape, device="cuda", dtype=torch.bfloat16) if grad else None
+        moved = (5 if grad else 2) * x.numel() * 2  # fwd: read x, write y; bwd: x, dy, dx
+        desc = {"shape": list(shape), "model": where, "backward": grad}
+
+        def call(f):
+            return lambda x, w, b: f(x, w, b, 32, 1e-6, True)
+
+        torch._dynamo.reset()
+        last = x.contiguous(memory_format=torch.channels_last).requires_grad_(grad)
+        rows += _variant_rows(env, "groupnorm+silu", {
+            "eager reference": call(group_norm_reference),
+            "compiled reference": torch.compile(call(group_norm_reference)),
+            "triton": call(group_norm)}, (last, w, b), {**desc, "layout": "channels-last"},
+            "bf16 activations, fp32 weight", ("gb_per_s", moved),
+            grads=None if cot is None else cot.contiguous(memory_format=torch.channels_last))
+        rows += _variant_rows(env, "groupnorm+silu", {
+            "compiled reference": torch.compile(call(group_norm_reference)),
+            "triton": call(group_norm)}, (x.requires_grad_(grad), w, b),
+            {**desc, "layout": "contiguous"}, "bf16 activations, fp32 weight",
+            ("gb_per_s", moved), grads=cot)
+    return rows
+
+
 def optimizer_rows(env: dict) -> list[dict]:
     """One optimizer step over a model's trainable fp32 weights (shapes from the workload,
     built on the meta device): PyTorch's clip_grad_norm_ + fused AdamW (+ foreach EMA where the
@@ -393,7 +435,7 @@ def _opt_row(env: dict, variant: str, shape: dict, step, gbytes: float) -> dict:
 
 GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows,
           "activations": activation_rows, "rope": rope_rows, "window": window_rows,
-          "optimizer": optimizer_rows}
+          "optimizer": optimizer_rows, "groupnorm": groupnorm_rows}
 
 
 def main() -> int:

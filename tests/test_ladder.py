@@ -158,7 +158,8 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
             for w in ("vit", "sd", "llama", "swin")}
     assert axes["vit"] == ["graphs", "one-launch optimizer", "kernels patch", "kernels gelu",  # GEMM patches, MLP
                            "autotuned reductions"]  # LayerNorm backwards
-    assert axes["sd"] == ["graphs", "one-launch optimizer", "no NHWC"]  # a conv model
+    assert axes["sd"] == ["graphs", "one-launch optimizer", "kernels groupnorm",
+                          "no NHWC"]  # a conv model
     assert axes["swin"] == ["graphs", "one-launch optimizer", "math attention", "kernels window", "kernels patch",
                             "kernels gelu", "autotuned reductions"]
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
@@ -188,11 +189,15 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                              "parity": {"passed": False}}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + one-launch optimizer"
     assert (rec.cuda_graphs, rec.fp8, rec.optimizer_impl) == (True, "linear", "triton")
-    # it gained 0.4 %, under the margin: NHWC off is tried without it
+    # it gained 0.4 %, under the margin: the GroupNorm kernels are tried without it
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 13.05}, rec)
+    assert rung.name == "fast: compile + graphs + fp8 + kernels groupnorm"
+    assert (rec.kernels, rec.optimizer_impl) == ("groupnorm", "fused")
+    # they lost: NHWC off is tried without them
+    rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.5}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + no NHWC"
-    assert (rec.cuda_graphs, rec.fp8, rec.channels_last, rec.optimizer_impl) == (
-        True, "linear", False, "fused")
+    assert (rec.cuda_graphs, rec.fp8, rec.channels_last, rec.optimizer_impl, rec.kernels) == (
+        True, "linear", False, "fused", "none")
     assert search.next({**ok, "rung": rung.name, "throughput": 11.0}, rec) is None
     assert search.best["rung"] == "fast: compile + graphs + fp8"
     # kernel families add up: the second one tried keeps the first that won

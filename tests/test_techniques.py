@@ -266,8 +266,17 @@ def test_fused_kernels_keep_the_llama_losses_and_say_what_they_fused():
     only = train(wl, Recipe(kernels="rope,patch"), steps=1, warmup=0, device="cpu")
     assert only.applied["kernels"] == "RoPE of q and k in one Triton kernel ×2"
     assert "kernels: llama has no patch layer" in only.warnings
-    sd = train(load_workload("sd", "tiny"), Recipe(kernels="fused"), steps=1, warmup=0)
-    assert any("changes nothing" in w for w in sd.warnings)
+
+
+def test_group_norm_kernels_keep_the_sd_losses_and_say_what_they_fused():
+    wl = load_workload("sd", "tiny")
+    base = Recipe(channels_last=True, batch=2)
+    plain = train(wl, base, steps=2, warmup=0, device="cpu")
+    fused = train(wl, base.replace(kernels="groupnorm"), steps=2, warmup=0, device="cpu")
+    assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
+    assert "GroupNorm + SiLU in Triton (two passes each way) ×" in fused.applied["kernels"]
+    assert "GroupNorm in Triton (two passes each way) ×" in fused.applied["kernels"]
+    assert not fused.warnings
 
 
 def test_padding_never_goes_past_the_models_length():

@@ -25,7 +25,7 @@ INIT = ("device", "host")
 ALLOCATOR = ("default", "expandable")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused", "triton")
 KERNELS = ("none", "fused")
-KERNEL_FAMILIES = ("patch", "loss", "window", "gelu", "swiglu", "rope")
+KERNEL_FAMILIES = ("patch", "loss", "window", "gelu", "swiglu", "rope", "groupnorm")
 """What ``kernels`` may name besides none | fused (all of them): see techniques/kernels.py."""
 FP8 = ("none", "large", "linear")
 EMA_MODES = ("auto", "none", "per-tensor", "foreach", "side-stream")
@@ -119,7 +119,8 @@ class Recipe:
     """fasttrain's fused kernels where a model has a fused path: none | fused (every family) |
     a comma-separated list of families: patch (patch embedding as one GEMM), loss (linear +
     cross-entropy in chunks), window (Swin window attention in Triton), gelu (bias + GELU),
-    swiglu (SiLU·up), rope (rotary embedding of q and k in one kernel)."""
+    swiglu (SiLU·up), rope (rotary embedding of q and k in one kernel), groupnorm (GroupNorm +
+    SiLU reading channels-last activations in place: SD's UNet and VAE)."""
     fp8: str = "none"
     """none | large | linear: the linear layers of the trainable repeated blocks multiply in
     float8 (e4m3 forward, e5m2 gradients, per-tensor dynamic scales) — all of them (linear) or

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import attention
+from ..layers.norm import GroupNorm
 from ..layers.mlp import Mlp
 from .sd_unet import NORM_GROUPS, Downsample, ResnetBlock
 
@@ -117,7 +117,7 @@ class VAEAttention(nn.Module):
 
     def __init__(self, ch: int, eps: float):
         super().__init__()
-        self.group_norm = nn.GroupNorm(NORM_GROUPS, ch, eps=eps)
+        self.group_norm = GroupNorm(NORM_GROUPS, ch, eps=eps)
         self.to_q = nn.Linear(ch, ch)
         self.to_k = nn.Linear(ch, ch)
         self.to_v = nn.Linear(ch, ch)
@@ -169,7 +169,7 @@ class VAEEncoder(nn.Module):
         self.down_blocks = nn.ModuleList(
             VAEDownBlock(ch[max(i - 1, 0)], ch[i], cfg, i < n - 1) for i in range(n))
         self.mid_block = VAEMidBlock(ch[-1], cfg.eps)
-        self.conv_norm_out = nn.GroupNorm(NORM_GROUPS, ch[-1], eps=cfg.eps)
+        self.conv_norm_out = GroupNorm(NORM_GROUPS, ch[-1], eps=cfg.eps, silu=True)
         self.conv_out = nn.Conv2d(ch[-1], 2 * cfg.latent, 3, padding=1)  # mean, logvar
         self.quant_conv = nn.Conv2d(2 * cfg.latent, 2 * cfg.latent, 1)
 
@@ -178,7 +178,7 @@ class VAEEncoder(nn.Module):
         x = self.conv_in(images)
         for blk in self.down_blocks:
             x = blk(x)
-        x = self.conv_out(F.silu(self.conv_norm_out(self.mid_block(x))))
+        x = self.conv_out(self.conv_norm_out(self.mid_block(x)))
         mean, logvar = self.quant_conv(x).chunk(2, dim=1)
         if noise is not None:
             std = torch.exp(0.5 * logvar.clamp(-30.0, 20.0))

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import attention
+from ..layers.norm import GroupNorm
 
 NORM_GROUPS = 32
 
@@ -65,18 +66,18 @@ class ResnetBlock(nn.Module):
 
     def __init__(self, cin: int, cout: int, temb: int | None, eps: float):
         super().__init__()
-        self.norm1 = nn.GroupNorm(NORM_GROUPS, cin, eps=eps)
+        self.norm1 = GroupNorm(NORM_GROUPS, cin, eps=eps, silu=True)
         self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
         self.time_emb_proj = nn.Linear(temb, cout) if temb else None
-        self.norm2 = nn.GroupNorm(NORM_GROUPS, cout, eps=eps)
+        self.norm2 = GroupNorm(NORM_GROUPS, cout, eps=eps, silu=True)
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
         self.conv_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv1(self.norm1(x))
         if self.time_emb_proj is not None:
             h = h + self.time_emb_proj(F.silu(temb))[:, :, None, None]
-        h = self.conv2(F.silu(self.norm2(h)))
+        h = self.conv2(self.norm2(h))
         return (x if self.conv_shortcut is None else self.conv_shortcut(x)) + h
 
 
@@ -167,7 +168,7 @@ class SpatialTransformer(nn.Module):
 
     def __init__(self, dim: int, heads: int, context: int):
         super().__init__()
-        self.norm = nn.GroupNorm(NORM_GROUPS, dim, eps=1e-6)
+        self.norm = GroupNorm(NORM_GROUPS, dim, eps=1e-6)
         self.proj_in = nn.Conv2d(dim, dim, 1)
         self.transformer_blocks = nn.ModuleList([TransformerBlock(dim, heads, context)])
         self.proj_out = nn.Conv2d(dim, dim, 1)
@@ -263,7 +264,7 @@ class UNet(nn.Module):
         self.up_blocks = nn.ModuleList(
             UpBlock(rev[min(i + 1, n - 1)], rev[max(i - 1, 0)], rev[i], cfg, temb, rattn[i],
                     i < n - 1) for i in range(n))
-        self.conv_norm_out = nn.GroupNorm(NORM_GROUPS, ch[0], eps=cfg.eps)
+        self.conv_norm_out = GroupNorm(NORM_GROUPS, ch[0], eps=cfg.eps, silu=True)
         self.conv_out = nn.Conv2d(ch[0], cfg.latent, 3, padding=1)
 
     def forward(self, sample: torch.Tensor, timesteps: torch.Tensor,
@@ -281,4 +282,4 @@ class UNet(nn.Module):
             n = len(blk.resnets)
             x = blk(x, tuple(skips[-n:]), temb, context)
             skips = skips[:-n]
-        return self.conv_out(F.silu(self.conv_norm_out(x)))
+        return self.conv_out(self.conv_norm_out(x))

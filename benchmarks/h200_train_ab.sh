@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One H200: a switch measured in `fasttrain train` A/B runs, one after the other on the same GPU.
+# GPU_TESTS (a pytest -k expression) runs those gpu-marked tests first, MICRO (groups of
+# kernels_micro.py, comma-separated) that microbenchmark next; then each WORKLOAD:PRESET in
+# PRESETS is trained as it is and with SWITCH (KEY=VALUE), and EXTRA="WORKLOAD:PRESET:KEY=VALUE
+# ..." adds runs with other switches. The train rows land in $OUT/train-*.jsonl (train_rows.py).
+#   GPU_TESTS=group_norm MICRO=groupnorm SWITCH=kernels=groupnorm \
+#     PRESETS=sd:benchmarks/results/presets/fast-sd-base-20261121-101013.toml bash benchmarks/h200_train_ab.sh
+. "$(dirname "$0")/lanes.sh"
+T="python3 -m fasttrain train --size base --steps 30 --warmup 5"
+SWITCH=${SWITCH:-optimizer_impl=triton}
+cmds=()
+[ -n "${GPU_TESTS:-}" ] && cmds+=("python3 -m pytest -q -m gpu tests/test_gpu.py -k '$GPU_TESTS' --tb=short 2>&1 | grep -v Warning | tail -40")
+[ -n "${MICRO:-}" ] && cmds+=("python3 benchmarks/kernels_micro.py --only $MICRO --out $OUT/kernels-micro-${MICRO//,/-}.jsonl")
+i=0
+for p in ${PRESETS:-}; do
+  w=${p%%:*}; f=${p#*:}
+  cmds+=("$T $w --recipe $f > $OUT/run-$((i++))-$w.out"
+         "$T $w --recipe $f --set $SWITCH > $OUT/run-$((i++))-$w.out")
+done
+for e in ${EXTRA:-}; do
+  IFS=: read -r w f kv <<< "$e"
+  cmds+=("$T $w --recipe $f --set $kv > $OUT/run-$((i++))-$w.out")
+done
+lane 0 0-15 "${cmds[@]}"
+finish_lanes
+grep -v '^USDT' "$OUT/lanes.log" | grep -v '^E1\|^  \|Warning\|warn' | tail -c 6000
+python3 benchmarks/train_rows.py "$OUT"
