@@ -52,12 +52,17 @@ def test_data_wait_rule_on_a_data_bound_workload_and_not_on_a_clean_one():
     assert "data_wait" not in {f["rule"] for f in clean["findings"]}
 
 
-def test_optimizer_rule_fires_for_the_for_loop_and_not_for_fused():
+def test_optimizer_rule_fires_for_the_for_loop_and_not_for_fused_or_one_launch():
+    from fasttrain.profile.advisor import optimizer_unfused
+
     wl = load_workload("llama", "tiny")
     loop = run_profile(wl, Recipe(), "cpu", steps=3, warmup=1, active=1)
     fused = run_profile(wl, Recipe(optimizer_impl="fused"), "cpu", steps=3, warmup=1, active=1)
     assert "optimizer_unfused" in {f["rule"] for f in loop["findings"]}
     assert "optimizer_unfused" not in {f["rule"] for f in fused["findings"]}
+    # the same profile, read as a one-launch AdamW's: switching to fused would be slower
+    assert optimizer_unfused(loop, Recipe()) is not None
+    assert optimizer_unfused(loop, Recipe(optimizer_impl="triton")) is None
 
 
 # GPU-only measurements (kernel shares, idle time, allocator counters) as the profiler reports

@@ -45,8 +45,10 @@ def data_wait(p: dict, r: Recipe) -> Finding | None:
 
 
 def optimizer_unfused(p: dict, r: Recipe) -> Finding | None:
+    """A for-loop or foreach AdamW taking a visible share: PyTorch's fused one. Not for fused or
+    the one-launch AdamW (triton), which is faster still (kernels-micro-optimizer rows)."""
     share = _share(p, "optimizer")
-    if r.optimizer_impl == "fused" or share < 0.03:
+    if r.optimizer_impl in ("fused", "triton") or share < 0.03:
         return None
     kernels = p.get("kernels", {}).get("gpu_ms_per_step", {}).get("optimizer")
     extra = f", {kernels:.1f} ms of optimizer kernels" if kernels else ""
