@@ -243,6 +243,10 @@ def test_group_norm_kernel_compiled_on_cuda_matches_the_reference():
     _compiled_and_reference(lambda x, w, b: group_norm(x, w, b, 32, 1e-6, True),
                             lambda x, w, b: group_norm_reference(x, w, b, 32, 1e-6, True),
                             [x, w, b], lambda y: (y.float() * 1.5).square().sum())
+    # more samples than a CUDA grid's second axis holds (65,535)
+    x = torch.randn(70_000, 64, device="cuda")
+    torch.testing.assert_close(group_norm(x, w, b, 32, 1e-6, True),
+                               group_norm_reference(x, w, b, 32, 1e-6, True))
 
 
 def test_sd_group_norm_kernel_in_the_compiled_training_loop_keeps_the_losses():

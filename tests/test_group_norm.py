@@ -62,7 +62,7 @@ def _compare(shape, groups, dtype, silu, tol=None, **kw):
 @pytest.mark.parametrize("silu", [True, False], ids=["silu", "plain"])
 @pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
 def test_group_norm_matches_reference_output_and_all_gradients(layout, silu, dtype):
-    # 40 channels in 8 groups: groups 5 wide, a channel block of 8 (40 = 5 × 8)
+    # 40 channels in 8 groups: groups 5 wide, channel blocks of 16, the last one partly masked
     _compare((3, 40, 6, 5), 8, dtype, silu, layout=layout)
 
 
@@ -95,6 +95,31 @@ def test_group_norm_with_many_programs_per_sample(monkeypatch):
     assert gn._blocks(90, 64, 2, torch.device("cpu")) == (16, 4, 8, 12)
     _compare((2, 64, 9, 10), 8, torch.float32, True, layout="channels_last")
     _compare((2, 48, 9, 10), 4, torch.bfloat16, True, layout="contiguous")
+    # splits meet a partly masked channel block, and a short last split
+    assert gn._blocks(83, 40, 3, torch.device("cpu")) == (16, 3, 7, 12)  # last split: 11
+    _compare((3, 40, 83), 8, torch.float32, True)
+
+
+def test_group_norm_gradient_layouts_and_parameter_dtypes():
+    # an expanded (zero-stride) output gradient, as y.sum().backward() gives
+    x = torch.randn(2, 8, 3, 5).contiguous(memory_format=torch.channels_last).requires_grad_()
+    xr = x.detach().double().requires_grad_()
+    group_norm(x, None, None, 4, silu=True).sum().backward()
+    group_norm_reference(xr, None, None, 4, silu=True).sum().backward()
+    torch.testing.assert_close(x.grad.double(), xr.grad, rtol=1e-5, atol=1e-5)
+    # a channels-last gradient for a contiguous x
+    x, w, b, dy = _inputs((2, 8, 3, 5), 4, torch.float32)
+    out, grads = _run(group_norm, x, w, b, dy.contiguous(memory_format=torch.channels_last), 4,
+                      True, upcast=False)
+    ref, ref_grads = _run(group_norm_reference, x, w, b, dy, 4, True, upcast=True)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    # bf16 parameters with bf16 activations (bf16-true): gradients in the parameters' dtype;
+    # only one of weight and bias
+    w16, b16 = torch.randn(8).bfloat16().requires_grad_(), torch.randn(8).bfloat16()
+    y = group_norm(x.bfloat16(), w16, None, 4) + group_norm(x.bfloat16(), None, b16, 4)
+    y.float().sum().backward()
+    assert w16.grad.dtype == torch.bfloat16 and w16.grad.shape == (8,)
 
 
 def test_group_norm_empty_batch():

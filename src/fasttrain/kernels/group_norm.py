@@ -33,6 +33,7 @@ Numerics
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -46,7 +47,9 @@ __all__ = ["group_norm", "group_norm_reference"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Tile of the reduction passes (positions × channels) and of the elementwise passes; the
-# channel block is the widest power of two up to 128 that divides the channel count.
+# channel block is the widest power of two from 16 up to 128 that divides the channel count (a
+# partial last block is masked). Samples share grid axis 0 with the positions (axis 1 of a CUDA
+# grid holds at most 65,535).
 LAUNCH = {"sum_rows": 32, "apply_rows": 64, "max_channels": 128, "sum_warps": 4,
           "apply_warps": 8, "programs_per_sm": 4}
 
@@ -84,9 +87,9 @@ def _sum_kernel(x_ptr, dy_ptr, mu_ptr, a_ptr, b_ptr, r_ptr, s1_ptr, s2_ptr,
     Forward: Σ(x − pivot) and Σ(x − pivot)², pivot = the channel's value at position 0.
     Backward: Σ dz and Σ dz · x̂, dz the gradient at the norm's output (through the SiLU),
     x̂ = (x − μ)·rstd."""
-    split = tl.program_id(0).to(tl.int64)
-    n = tl.program_id(1).to(tl.int64)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    split = tl.program_id(0).to(tl.int64) % splits
+    n = tl.program_id(0).to(tl.int64) // splits
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     base = n * sN
     nc = n * C + cols
@@ -101,8 +104,9 @@ def _sum_kernel(x_ptr, dy_ptr, mu_ptr, a_ptr, b_ptr, r_ptr, s1_ptr, s2_ptr,
     acc1 = tl.full((BLOCK_L, BLOCK_C), 0.0, tl.float32)
     acc2 = tl.full((BLOCK_L, BLOCK_C), 0.0, tl.float32)
     start = split * rows_per
+    end = tl.minimum(start + rows_per, L)  # this split's positions only
     for i in range(0, rows_per, BLOCK_L):
-        offs, mask = _tile(base, start + i + tl.arange(0, BLOCK_L), cols, L, C, sL, sC)
+        offs, mask = _tile(base, start + i + tl.arange(0, BLOCK_L), cols, end, C, sL, sC)
         d = tl.where(mask, tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32) - mu,
                      0.0)
         if BACKWARD:
@@ -121,14 +125,14 @@ def _sum_kernel(x_ptr, dy_ptr, mu_ptr, a_ptr, b_ptr, r_ptr, s1_ptr, s2_ptr,
 
 @triton.jit
 def _apply_kernel(x_ptr, dy_ptr, mu_ptr, a_ptr, b_ptr, p_ptr, q_ptr, k_ptr, out_ptr,
-                  L, C, sN, sL, sC,
+                  L, C, sN, sL, sC, row_blocks,
                   BACKWARD: tl.constexpr, SILU: tl.constexpr,
                   BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
     """Forward: y = act(z), z = (x − μ)·a + b. Backward: dx = dz·p + (x − μ)·q + k, dz the
     gradient through the SiLU of z. μ, a, b, p, q, k: one fp32 value per (sample, channel)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_L + tl.arange(0, BLOCK_L)
-    n = tl.program_id(1).to(tl.int64)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rows = (tl.program_id(0).to(tl.int64) % row_blocks) * BLOCK_L + tl.arange(0, BLOCK_L)
+    n = tl.program_id(0).to(tl.int64) // row_blocks
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     nc = n * C + cols
     offs, mask = _tile(n * sN, rows, cols, L, C, sL, sC)
@@ -152,8 +156,7 @@ def _apply_kernel(x_ptr, dy_ptr, mu_ptr, a_ptr, b_ptr, p_ptr, q_ptr, k_ptr, out_
 def _view(t: torch.Tensor) -> torch.Tensor:
     """(N, C, *spatial) as (N, positions, C) without a copy (the caller makes t contiguous in
     one of the layouts whose spatial dims collapse)."""
-    v = t.movedim(1, -1)
-    return v[:, None, :] if t.dim() == 2 else v.flatten(1, -2)
+    return t.movedim(1, -1).view(t.shape[0], math.prod(t.shape[2:]), t.shape[1])  # or raises
 
 
 def _blocks(L: int, C: int, N: int, device: torch.device) -> tuple[int, int, int, int]:
@@ -180,7 +183,7 @@ def _sums(x: torch.Tensor, dy: Optional[torch.Tensor], per_channel: tuple[torch.
     s1 = torch.empty((N, splits, C), device=x.device, dtype=torch.float32)
     s2 = torch.empty_like(s1)
     mu, a, b, r = per_channel or (s1,) * 4  # not read by the forward
-    launch(_sum_kernel, (splits, N, cblocks), xv, xv if dy is None else _view(dy), mu, a, b, r,
+    launch(_sum_kernel, (splits * N, cblocks), xv, xv if dy is None else _view(dy), mu, a, b, r,
            s1, s2, L, C, *xv.stride(), per, splits, BACKWARD=dy is not None, SILU=silu,
            BLOCK_L=LAUNCH["sum_rows"], BLOCK_C=block_c, num_warps=LAUNCH["sum_warps"])
     return s1.sum(1), s2.sum(1)
@@ -196,9 +199,10 @@ def _apply(x: torch.Tensor, dy: Optional[torch.Tensor], per_channel: tuple[torch
     block_c = _blocks(L, C, N, x.device)[0]
     rows = LAUNCH["apply_rows"]
     mu, a, b, p, q, k = per_channel if dy is not None else (*per_channel, *per_channel)
-    launch(_apply_kernel, (triton.cdiv(L, rows), N, triton.cdiv(C, block_c)),
+    blocks = triton.cdiv(L, rows)
+    launch(_apply_kernel, (blocks * N, triton.cdiv(C, block_c)),
            xv, xv if dy is None else _view(dy), mu, a, b, p, q, k, _view(out), L, C,
-           *xv.stride(), BACKWARD=dy is not None, SILU=silu, BLOCK_L=rows, BLOCK_C=block_c,
+           *xv.stride(), blocks, BACKWARD=dy is not None, SILU=silu, BLOCK_L=rows, BLOCK_C=block_c,
            num_warps=LAUNCH["apply_warps"])
     return out
 
@@ -316,7 +320,8 @@ def group_norm(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[t
                groups: int, eps: float = 1e-5, silu: bool = False) -> torch.Tensor:
     """``F.group_norm(x, groups, weight, bias, eps)``, followed by SiLU if ``silu``; x is
     (batch, channels, *spatial) in any layout (channels-last and contiguous are read in place,
-    others copied to contiguous first). Returns x's dtype and layout."""
+    others copied to contiguous first). Returns x's dtype, and x's layout where it is
+    channels-last or contiguous (else contiguous). Differentiable once (no double backward)."""
     _check(x, weight, bias, groups)
     C = x.shape[1]
     w = torch.ones(C, device=x.device) if weight is None else weight.contiguous()
