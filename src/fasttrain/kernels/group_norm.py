@@ -159,12 +159,18 @@ def _view(t: torch.Tensor) -> torch.Tensor:
     return t.movedim(1, -1).view(t.shape[0], math.prod(t.shape[2:]), t.shape[1])  # or raises
 
 
-def _blocks(L: int, C: int, N: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(channel block, channel blocks, splits of the positions, rows per split)."""
+def _channel_block(C: int) -> int:
+    """The widest power of two from 16 up to LAUNCH's maximum that divides C (at most C's next
+    power of two)."""
     block_c = LAUNCH["max_channels"]
     while block_c > 16 and C % block_c:
         block_c //= 2
-    block_c = min(block_c, triton.next_power_of_2(C))
+    return min(block_c, triton.next_power_of_2(C))
+
+
+def _blocks(L: int, C: int, N: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(channel block, channel blocks, splits of the positions, rows per split)."""
+    block_c = _channel_block(C)
     cblocks = triton.cdiv(C, block_c)
     rows = LAUNCH["sum_rows"]
     cap = programs_cap(device, LAUNCH["programs_per_sm"])
@@ -196,7 +202,7 @@ def _apply(x: torch.Tensor, dy: Optional[torch.Tensor], per_channel: tuple[torch
     out = torch.empty_strided(x.size(), x.stride(), device=x.device, dtype=x.dtype)
     xv = _view(x)
     N, L, C = xv.shape
-    block_c = _blocks(L, C, N, x.device)[0]
+    block_c = _channel_block(C)
     rows = LAUNCH["apply_rows"]
     mu, a, b, p, q, k = per_channel if dy is not None else (*per_channel, *per_channel)
     blocks = triton.cdiv(L, rows)
@@ -214,7 +220,7 @@ def _per_group(t: torch.Tensor, groups: int) -> torch.Tensor:
 
 def _to_channels(t: torch.Tensor, C: int) -> torch.Tensor:
     """(N, G) → (N, C), each group's value repeated over its channels."""
-    return t.repeat_interleave(C // t.shape[1], dim=1).contiguous()
+    return t.repeat_interleave(C // t.shape[1], dim=1)
 
 
 def _affine(mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
@@ -222,7 +228,7 @@ def _affine(mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor, bias: 
     """Per (sample, channel) fp32: μ, rstd, a = rstd·w and b = bias, so z = (x − μ)·a + b."""
     C = weight.shape[0]
     mu, r = _to_channels(mean, C), _to_channels(rstd, C)
-    a = (r * weight.float()).contiguous()
+    a = r * weight.float()
     b = bias.float().expand_as(a).contiguous()
     return mu, r, a, b
 
@@ -280,7 +286,7 @@ def _setup(ctx, inputs, output) -> None:
 
 def _backward(ctx, dy, _dmean, _drstd):
     x, weight, bias, mean, rstd = ctx.saved_tensors
-    dy = torch.zeros_like(x) if dy is None else dy.contiguous(memory_format=_layout(x))
+    dy = torch.zeros_like(x) if dy is None else dy  # the op gives it x's strides
     dx, dw, db = torch.ops.fasttrain.group_norm_bwd(dy, x, weight, bias, mean, rstd,
                                                     ctx.groups, ctx.silu)
     return dx, dw.to(weight.dtype), db.to(bias.dtype), None, None, None

@@ -23,8 +23,6 @@ Order and why:
 """
 from __future__ import annotations
 
-import os
-
 import importlib
 
 from ..recipe import Recipe
@@ -44,13 +42,11 @@ def registry() -> list[Technique]:
 def unmet_requirements(recipe: Recipe, device_type: str) -> list[str]:
     """Why this recipe cannot run on this device (empty when it can)."""
     out = []
-    for tech in registry():
-        if tech.active(recipe) and "cuda" in tech.requires and device_type != "cuda":
+    for tech in [t for t in registry() if t.active(recipe)]:
+        if "cuda" in tech.requires and device_type != "cuda":
             out.append(f"{tech.name} needs CUDA")
-    if (recipe.optimizer_impl == "triton" and device_type != "cuda"
-            and os.environ.get("TRITON_INTERPRET") != "1"):
-        out.append("optimizer_impl=triton needs CUDA (its kernel runs on the CPU only in Triton's "
-                   "interpreter, TRITON_INTERPRET=1)")
+        elif why := tech.unmet(recipe, device_type):
+            out.append(why)
     return out
 
 

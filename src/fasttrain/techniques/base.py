@@ -23,6 +23,8 @@ class Technique:
     apply: Callable[["TrainState"], str | None]
     requires: tuple[str, ...] = ()  # "cuda"
     active: Callable[[Recipe], bool] = lambda r: True  # does this recipe ask for it at all
+    # why this recipe's use of it cannot run on a device type (beyond ``requires``), or None
+    unmet: Callable[[Recipe, str], str | None] = lambda r, device_type: None
 
 
 @dataclass

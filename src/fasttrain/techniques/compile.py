@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -118,11 +117,11 @@ def save_cache(state: TrainState) -> str | None:
         state.warn("compile", "compile cache: torch.compile reported nothing to save")
         return None
     data, info = got
+    from ..ladder.child import write_atomic
+
     path = cache_file(state)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_atomic(path, data)
     return f"compile cache: {_entries(info)} entries ({len(data) / 1e6:.1f} MB) saved to {path}"
 
 

@@ -13,8 +13,11 @@ the training (they are recipe choices, not speed-ups).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
+from ..recipe import Recipe
 from .base import Technique, TrainState
 
 
@@ -147,6 +150,15 @@ def apply(state: TrainState) -> str:
             f"{', capturable' if capturable else ''}")
 
 
+def _unmet(recipe: Recipe, device_type: str) -> str | None:
+    """The one-launch AdamW's kernel runs on CUDA, or on the CPU in Triton's interpreter."""
+    if (recipe.optimizer_impl == "triton" and device_type != "cuda"
+            and os.environ.get("TRITON_INTERPRET") != "1"):
+        return ("optimizer_impl=triton needs CUDA (its kernel runs on the CPU only in Triton's "
+                "interpreter, TRITON_INTERPRET=1)")
+    return None
+
+
 TECHNIQUE = Technique(
     name="optimizer", phase=60, summary="AdamW / SGD, fused, master weights, CPU offload",
-    changes_numerics=False, apply=apply)
+    changes_numerics=False, apply=apply, unmet=_unmet)
