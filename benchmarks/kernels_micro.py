@@ -131,34 +131,55 @@ def linear_ce_rows(env: dict) -> list[dict]:
     return rows
 
 
+# Tile settings tried for the norm kernels besides the default: (forward elements, warps,
+# backward elements, warps, programs per SM), see kernels/norms.py LAUNCH.
+NORM_TILES = [(2048, 4, 2048, 4, 4), (4096, 4, 4096, 4, 4), (8192, 8, 4096, 8, 2),
+              (8192, 8, 8192, 8, 2), (16384, 16, 2048, 8, 8)]
+
+
 def norm_rows(env: dict) -> list[dict]:
-    """Residual add + RMSNorm / LayerNorm, bf16 activations, fp32 weights."""
+    """Residual add + RMSNorm / LayerNorm as the blocks run them under bf16 autocast: the
+    branch's bf16 output joins the fp32 residual stream, the norm feeds a matmul in bf16.
+    Eager and compiled reference against the Triton kernels with their default tiles
+    (``triton``) and the alternatives of NORM_TILES (``triton fe/fw be/bw/pps``)."""
     from fasttrain.kernels import norms
 
     rows = []
-    cases = [("rms_norm", "llama-1B", 8192, 2048), ("layer_norm", "vit-B", 128 * 197, 768),
-             ("layer_norm", "swin-B stage 1", 64 * 56 * 56, 128)]
+    cases = [("layer_norm", "swin-B stage 1", 64 * 56 * 56, 128),
+             ("layer_norm", "swin-B stage 3", 64 * 14 * 14, 512),
+             ("layer_norm", "vit-B", 128 * 197, 768), ("rms_norm", "llama-1B", 8192, 2048)]
     for kernel, where, n, d in cases:
         x = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        r = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        r = torch.randn(n, d, device="cuda", requires_grad=True)
         w = torch.ones(d, device="cuda", requires_grad=True)
         b = torch.zeros(d, device="cuda", requires_grad=True)
-        moved = 8 * n * d * 2  # fwd: read x, r; write y, h — bwd: read dy, dh, h; write dx
+        grads = (torch.randn(n, d, device="cuda", dtype=torch.bfloat16),
+                 torch.randn(n, d, device="cuda"))
+        # fwd: read x (2 B), r (4); write h (4), y (2). bwd: read dy (2), dh (4), h (4); write dx (4)
+        moved = 26 * n * d
 
-        def call(f, *extra):
+        def call(f, tiles=None):
             def run(x, r, w, b):
-                y, h = f(x, w, *extra, 1e-6, residual=r) if kernel == "rms_norm" else \
-                    f(x, w, b, 1e-6, residual=r)
-                return (y.float().sum() + h.float().sum())
+                if tiles is not None:
+                    norms.LAUNCH.update(zip(("fwd_elements", "fwd_warps", "bwd_elements",
+                                             "bwd_warps", "programs_per_sm"), tiles))
+                extra = () if kernel == "rms_norm" else (b,)
+                return f(x, w, *extra, 1e-5, residual=r, out_dtype=torch.bfloat16)
             return run
 
         ref = getattr(norms, f"{kernel}_reference")
+        default = tuple(norms.LAUNCH[k] for k in ("fwd_elements", "fwd_warps", "bwd_elements",
+                                                  "bwd_warps", "programs_per_sm"))
         torch._dynamo.reset()
         variants = {"eager reference": call(ref), "compiled reference": torch.compile(call(ref)),
-                    "triton fused": call(getattr(norms, kernel))}
+                    "triton": call(getattr(norms, kernel), default)}
+        variants.update({f"triton {t[0]}/{t[1]} {t[2]}/{t[3]}/{t[4]}":
+                         call(getattr(norms, kernel), t) for t in NORM_TILES if t != default})
         rows += _variant_rows(env, f"add+{kernel}", variants, (x, r, w, b),
                               {"rows": n, "dim": d, "model": where},
-                              "bf16 activations, fp32 weight", ("gb_per_s", moved))
+                              "x bf16 + residual fp32 -> h fp32, y bf16; fp32 weights",
+                              ("gb_per_s", moved), grads=grads)
+        call(getattr(norms, kernel), default)(x, r, w, b)  # the default tiles back
     return rows
 
 

@@ -92,17 +92,19 @@ def test_memory_growth_rule_catches_a_leak_on_cuda():
     assert "memory_growth" in {f["rule"] for f in p["findings"]}
 
 
+@pytest.mark.parametrize("rows, dim", [(300, 1000), (50_000, 128)], ids=["odd", "many-tiles"])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
-def test_triton_norms_compiled_on_cuda_match_the_reference(op):
-    """The compiled Triton path (the CPU tests run the interpreter): bf16, odd width,
-    torch.compile fullgraph with inductor, outputs and all gradients."""
+def test_triton_norms_compiled_on_cuda_match_the_reference(op, rows, dim):
+    """The compiled Triton path (the CPU tests run the interpreter): bf16, odd width, more
+    tiles than persistent backward programs, torch.compile fullgraph with inductor, outputs
+    and all gradients."""
     from fasttrain.kernels import norms
 
     torch.manual_seed(0)
-    x, r = (torch.randn(300, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    x, r = (torch.randn(rows, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             for _ in range(2))
-    w = torch.rand(1000, device="cuda", requires_grad=True)
-    b = torch.randn(1000, device="cuda", requires_grad=True)
+    w = torch.rand(dim, device="cuda", requires_grad=True)
+    b = torch.randn(dim, device="cuda", requires_grad=True)
 
     def block(f):
         def run(x, r, w, b):
@@ -200,6 +202,21 @@ def test_window_attention_compiled_on_cuda_matches_the_reference():
                             lambda out: (out.float() * cot).sum())
 
 
+def test_map_window_attention_compiled_on_cuda_matches_the_reference():
+    from fasttrain.kernels.window_attention import (map_window_attention,
+                                                    map_window_attention_reference)
+    from fasttrain.workloads.swin import shift_mask
+
+    torch.manual_seed(0)
+    qkv = torch.randn(4, 28, 28, 3 * 128, device="cuda", dtype=torch.bfloat16)
+    bias = 0.5 * torch.randn(4, 49, 49, device="cuda")
+    mask = shift_mask(28, 7, 3).cuda()
+    cot = torch.randn(4, 28, 28, 128, device="cuda")
+    _compiled_and_reference(lambda q, b: map_window_attention(q, b, mask, 4, 7, 3),
+                            lambda q, b: map_window_attention_reference(q, b, mask, 4, 7, 3),
+                            [qkv, bias], lambda out: (out.float() * cot).sum())
+
+
 def test_activation_and_rope_kernels_compiled_on_cuda_match_the_reference():
     from fasttrain.kernels import activations as act
     from fasttrain.kernels.rope import rope, rope_reference
@@ -264,8 +281,21 @@ def test_swin_window_kernel_in_the_compiled_training_loop_keeps_the_losses():
     wl = load_workload("swin", "tiny")
     base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="model")
     plain = train(wl, base, steps=4, warmup=0, device="cuda")
-    fused = train(wl, base.replace(kernels="window"), steps=4, warmup=0, device="cuda")
-    assert "window attention" in fused.applied["kernels"] and not fused.warnings
+    for kernels in ("window", "window,layernorm"):
+        fused = train(wl, base.replace(kernels=kernels), steps=4, warmup=0, device="cuda")
+        assert "window attention" in fused.applied["kernels"] and not fused.warnings
+        torch.testing.assert_close(torch.tensor(fused.losses), torch.tensor(plain.losses),
+                                   rtol=2e-2, atol=0)
+
+
+def test_vit_layer_norm_kernel_in_the_graphed_training_loop_keeps_the_losses():
+    wl = load_workload("vit", "tiny")
+    base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="model",
+                  cuda_graphs=True)
+    plain = train(wl, base, steps=4, warmup=0, device="cuda")
+    fused = train(wl, base.replace(kernels="layernorm"), steps=4, warmup=0, device="cuda")
+    assert "LayerNorm (with the residual add before it) in Triton" in fused.applied["kernels"]
+    assert not fused.warnings
     torch.testing.assert_close(torch.tensor(fused.losses), torch.tensor(plain.losses),
                                rtol=2e-2, atol=0)
 

@@ -12,6 +12,7 @@ from tests.interpreted import (assert_compiled_matches_eager, interpret,  # noqa
                                kernels_interpreted)
 
 with kernels_interpreted():
+    from fasttrain.kernels import norms
     from fasttrain.kernels.norms import (layer_norm, layer_norm_reference, rms_norm,
                                          rms_norm_reference)
 
@@ -77,6 +78,44 @@ def test_low_precision_params_and_no_bias(op):
         _compare(op, *_inputs(op, (2, 33), torch.float32, True, bias=False))
 
 
+@pytest.mark.parametrize("op", list(OPS))
+def test_many_tiles_walked_by_few_programs(op, monkeypatch):
+    # tiles of 2 rows: 37 rows are 19 tiles (the last one half masked) that the CPU's 4
+    # backward programs walk with a stride, each summing its weight-gradient partials
+    monkeypatch.setitem(norms.LAUNCH, "fwd_elements", 64)
+    monkeypatch.setitem(norms.LAUNCH, "bwd_elements", 64)
+    assert norms._tile(24, 64) == (2, 32)
+    _compare(op, *_inputs(op, (37, 24), torch.float32, True))
+    _compare(op, *_inputs(op, (37, 24), torch.bfloat16, False))
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_autocast_dtypes_bf16_branch_onto_an_fp32_stream(op):
+    # Swin under autocast: a bf16 branch output joins the fp32 residual stream, h stays fp32,
+    # y comes out in bf16 for the next matmul; each input's gradient in its own dtype
+    fused, reference = OPS[op]
+    args, (dy, dh) = _inputs(op, (5, 40), torch.bfloat16, True)
+    args["residual"] = args["residual"].float()
+    got = _run(lambda **a: fused(**a, out_dtype=torch.bfloat16), args, [dy, dh.float()], False)
+    want = _run(lambda **a: reference(**a, out_dtype=torch.bfloat16), args, [dy, dh.float()],
+                False)
+    (y, h), grads = got
+    assert (y.dtype, h.dtype) == (torch.bfloat16, torch.float32)
+    assert (grads["x"].dtype, grads["residual"].dtype) == (torch.bfloat16, torch.float32)
+    for a, b in zip((y, h, *grads.values()), (*want[0], *want[1].values()), strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_empty_input_gives_empty_outputs_and_zero_parameter_gradients():
+    x = torch.randn(0, 16, requires_grad=True)
+    w = torch.ones(16, requires_grad=True)
+    b = torch.zeros(16, requires_grad=True)
+    y = layer_norm(x, w, b, 1e-5)
+    y.sum().backward()
+    assert y.shape == (0, 16) and x.grad.shape == (0, 16)
+    assert torch.equal(w.grad, torch.zeros(16)) and torch.equal(b.grad, torch.zeros(16))
+
+
 def test_non_contiguous_input_and_expanded_gradient():
     x = torch.randn(40, 6).t().requires_grad_()  # (6, 40), not contiguous
     w = torch.randn(40, requires_grad=True)
@@ -90,7 +129,7 @@ def test_non_contiguous_input_and_expanded_gradient():
 @pytest.mark.parametrize("call, message", [
     (lambda x: rms_norm(x, torch.ones(7), 1e-6), "weight shape (7,) does not match"),
     (lambda x: layer_norm(x, torch.ones(8), torch.ones(3), 1e-5), "bias shape (3,)"),
-    (lambda x: rms_norm(x, torch.ones(8), 1e-6, torch.ones(4, 7)), "residual must match x"),
+    (lambda x: rms_norm(x, torch.ones(8), 1e-6, torch.ones(4, 7)), "residual must be a float tensor shaped like x"),
     (lambda x: rms_norm(x.long(), torch.ones(8), 1e-6), "x must be float32"),
 ], ids=["weight", "bias", "residual", "dtype"])
 def test_bad_input_is_a_one_line_value_error(call, message):

@@ -279,6 +279,21 @@ def test_group_norm_kernels_keep_the_sd_losses_and_say_what_they_fused():
     assert not fused.warnings
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_layer_norm_and_map_window_kernels_keep_the_swin_losses(precision):
+    # kernels=window now attends on the unpartitioned map (shift and partition by address);
+    # layernorm fuses each block's norms and the residual add before norm2. Under bf16
+    # autocast the residual stream stays fp32 as on the plain path, the norms feed bf16.
+    wl = load_workload("swin", "tiny")
+    base = Recipe(batch=2, precision=precision)
+    plain = train(wl, base, steps=2, warmup=0, device="cpu")
+    fused = train(wl, base.replace(kernels="window,layernorm"), steps=2, warmup=0, device="cpu")
+    assert fused.losses == pytest.approx(plain.losses, rel=1e-5 if precision == "fp32" else 2e-2)
+    assert "LayerNorm (with the residual add before it) in Triton ×8" in fused.applied["kernels"]
+    assert "shift and partition in one Triton kernel ×4" in fused.applied["kernels"]
+    assert not fused.warnings
+
+
 def test_padding_never_goes_past_the_models_length():
     from fasttrain.workloads.data import pad_collate
 

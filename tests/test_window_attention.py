@@ -12,7 +12,9 @@ from tests.interpreted import (assert_compiled_matches_eager, interpret,  # noqa
                                kernels_interpreted)
 
 with kernels_interpreted():
-    from fasttrain.kernels.window_attention import (window_attention,
+    from fasttrain.kernels.window_attention import (map_window_attention,
+                                                    map_window_attention_reference,
+                                                    window_attention,
                                                     window_attention_reference)
 
 
@@ -84,6 +86,46 @@ def test_bad_input_is_a_one_line_value_error(call, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("height, width, window, shift, masked", [
+    (8, 12, 4, 2, True),  # shifted: 2 x 3 windows an image, a mask per window
+    (8, 12, 4, 0, False),  # unshifted
+    (6, 6, 3, 1, True),  # odd window (9 tokens), odd shift
+    (4, 4, 4, 0, False),  # one window covers the map
+], ids=["shifted", "unshifted", "odd", "one-window"])
+def test_map_mode_matches_roll_partition_attend_reverse(dtype, height, width, window, shift,
+                                                        masked):
+    # the kernel reads the windows of the rolled map by address and writes back in place:
+    # output and gradients equal those of the materialised roll + partition and reverses
+    g = torch.Generator().manual_seed(1)
+    heads, head_dim, N, B = 2, 8, window * window, 2
+    qkv = torch.randn(B, height, width, 3 * heads * head_dim, generator=g).to(dtype)
+    bias = 0.5 * torch.randn(heads, N, N, generator=g)
+    nW = (height // window) * (width // window)
+    mask = torch.where(torch.rand(nW, N, N, generator=g) < 0.3, -100.0, 0.0) if masked else None
+    cot = torch.randn(B, height, width, heads * head_dim, generator=g).to(dtype)
+    got = _run(lambda *a: map_window_attention(*a, window, shift), qkv, bias, mask, heads, cot)
+    want = _run(lambda *a: map_window_attention_reference(*a, window, shift), qkv, bias, mask,
+                heads, cot)
+    for name, a, b in zip(("out", "dqkv", "dbias"), got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda q, b: map_window_attention(q[0], b, None, 2, 3), "qkv must be a (batch, height"),
+    (lambda q, b: map_window_attention(q, b, None, 2, 4), "does not tile into 4x4 windows"),
+    (lambda q, b: map_window_attention(q, b, None, 2, 3, shift=3), "shifted by 3"),
+    (lambda q, b: map_window_attention(q, b, torch.zeros(2, 9, 9), 2, 3),
+     "one (N, N) slice per window of an image (4)"),
+], ids=["rank", "tiling", "shift", "mask"])
+def test_map_mode_bad_input_is_a_one_line_value_error(call, message):
+    qkv = torch.randn(2, 6, 6, 48)
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        call(qkv, torch.zeros(2, 9, 9))
+    assert "\n" not in str(err.value)
+
+
 def test_torch_compile_fullgraph_matches_eager():
     qkv, bias, mask, _ = _inputs(4, 16, 2, 16, 2, torch.float32)
     proj = torch.randn(32, 32)
@@ -103,7 +145,8 @@ def test_swin_with_the_window_kernel_keeps_its_losses():
     plain = train(wl, Recipe(batch=2), steps=2, warmup=0, device="cpu")
     fused = train(wl, Recipe(batch=2, kernels="window"), steps=2, warmup=0, device="cpu")
     assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
-    assert fused.applied["kernels"] == "window attention with bias and mask in one Triton kernel ×4"
+    assert fused.applied["kernels"] == ("window attention with bias, mask, shift and partition "
+                                        "in one Triton kernel ×4")
     # what ran in place of SDPA, not what the plain-layer probe saw (and no advice to change it)
     assert "ran math x4" in plain.applied["attention"]
     assert fused.applied["attention"] == ("the Triton window attention kernel in 4 layers "

@@ -25,7 +25,7 @@ INIT = ("device", "host")
 ALLOCATOR = ("default", "expandable")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused", "triton")
 KERNELS = ("none", "fused")
-KERNEL_FAMILIES = ("patch", "loss", "window", "gelu", "swiglu", "rope", "groupnorm")
+KERNEL_FAMILIES = ("patch", "loss", "window", "layernorm", "gelu", "swiglu", "rope", "groupnorm")
 """What ``kernels`` may name besides none | fused (all of them): see techniques/kernels.py."""
 FP8 = ("none", "large", "linear")
 EMA_MODES = ("auto", "none", "per-tensor", "foreach", "side-stream")

@@ -28,8 +28,10 @@ torch.compile
     ``._triton`` (``triton_op`` on a GPU, so Inductor sees the Triton kernels; an opaque
     ``custom_op`` under the interpreter): no graph break either way.
 
-Inputs may have any leading shape and any last dim D; each program handles one row in the
-forward (a block of rows in the backward) over ``BLOCK_D = next_power_of_2(D)`` masked lanes.
+Inputs may have any leading shape and any last dim D. Both kernels work on tiles of whole rows
+(``BLOCK_D = next_power_of_2(D)`` masked lanes, as many rows as make a few thousand elements):
+one tile per program forward; backward a few persistent programs per SM, each walking a strided
+set of tiles and keeping its weight-gradient partials in registers until its last tile.
 """
 from typing import Optional
 
@@ -38,7 +40,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._triton import launch, op, programs_cap, sum0
+from ._triton import add, launch, op, programs_cap, sum0
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_reference", "layer_norm_reference"]
 
@@ -46,6 +48,10 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Tensors2 = tuple[torch.Tensor, torch.Tensor]
 Tensors3 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+# Tiles (H200, benchmarks/kernels_micro.py --only norms): elements per tile (whole rows, at
+# most max_rows of them) and warps per program each way; persistent backward programs per SM.
+LAUNCH = {"fwd_elements": 4096, "bwd_elements": 4096, "max_rows": 64, "fwd_warps": 8,
+          "bwd_warps": 8, "programs_per_sm": 4}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -53,187 +59,158 @@ Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 # @triton.jit library (tl.sum, tl.zeros): see ._triton.
 
 @triton.jit
-def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr, D, eps,
-                    HAS_RES: tl.constexpr, BLOCK_D: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, n_rows, D, eps,
+                RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One tile of BLOCK_M rows × BLOCK_D columns: rows are contiguous, so each row's loads
+    and stores are whole memory transactions, and the tile keeps many rows in flight."""
     eps = tl.cast(eps, tl.float32)  # see ._triton: Python floats
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
-    mask = cols < D
-    off = row * D + cols
+    rmask = rows < n_rows
+    cmask = cols < D
+    mask = rmask[:, None] & cmask[None, :]
+    off = rows[:, None] * D + cols[None, :]
     h = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         h += tl.load(r_ptr + off, mask=mask, other=0.0).to(tl.float32)
         h_low = h.to(h_ptr.dtype.element_ty)  # normalize h as stored, like x + residual
         tl.store(h_ptr + off, h_low, mask=mask)
         h = h_low.to(tl.float32)
-    rstd = tl.rsqrt(sum0(h * h) / D + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + off, (h * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(rstd_ptr + row, rstd)
-
-
-@triton.jit
-def _rms_bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
-                    n_rows, D, rows_per_prog,
-                    HAS_DH: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_D)
-    mask = cols < D
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    dw = tl.full((BLOCK_D,), 0.0, tl.float32)
-    start = pid.to(tl.int64) * rows_per_prog
-    end = tl.minimum(start + rows_per_prog, n_rows)
-    for row in range(start, end):
-        off = row * D + cols
-        h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + row)
-        xhat = h * rstd
-        g = dy * w
-        dx = rstd * (g - xhat * (sum0(g * xhat) / D))
-        if HAS_DH:
-            dx += tl.load(dh_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dw += dy * xhat
-    tl.store(dw_ptr + pid * D + cols, dw, mask=mask)
-
-
-@triton.jit
-def _ln_fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, D, eps,
-                   HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    eps = tl.cast(eps, tl.float32)  # see ._triton: Python floats
-    cols = tl.arange(0, BLOCK_D)
-    mask = cols < D
-    off = row * D + cols
-    h = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RES:
-        h += tl.load(r_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        h_low = h.to(h_ptr.dtype.element_ty)
-        tl.store(h_ptr + off, h_low, mask=mask)
-        h = h_low.to(tl.float32)
-    mean = sum0(h) / D
-    diff = tl.where(mask, h - mean, 0.0)
-    rstd = tl.rsqrt(sum0(diff * diff) / D + eps)
-    y = diff * rstd * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if RMS:
+        diff = h
+    else:
+        mean = tl.reduce(h, 1, add) / D
+        diff = tl.where(mask, h - mean[:, None], 0.0)
+        tl.store(mean_ptr + rows, mean, mask=rmask)
+    rstd = tl.rsqrt(tl.reduce(diff * diff, 1, add) / D + eps)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    y = diff * rstd[:, None] * w[None, :]
     if HAS_BIAS:
-        y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + row, mean)
-    tl.store(rstd_ptr + row, rstd)
+    tl.store(rstd_ptr + rows, rstd, mask=rmask)
 
 
 @triton.jit
-def _ln_bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr,
-                   n_rows, D, rows_per_prog,
-                   HAS_DH: tl.constexpr, BLOCK_D: tl.constexpr):
+def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr,
+                n_rows, D, RMS: tl.constexpr, HAS_DH: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Persistent: program p walks row tiles p, p + programs, … (neighbours run side by
+    side), writes dx for each and sums dy·x̂ (and dy) over all of them in a register tile,
+    which it reduces to one row of weight (and bias) gradient partials at the end."""
     pid = tl.program_id(0)
+    progs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_D)
-    mask = cols < D
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    dw = tl.full((BLOCK_D,), 0.0, tl.float32)
-    db = tl.full((BLOCK_D,), 0.0, tl.float32)
-    start = pid.to(tl.int64) * rows_per_prog
-    end = tl.minimum(start + rows_per_prog, n_rows)
-    for row in range(start, end):
-        off = row * D + cols
+    cmask = cols < D
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    dw = tl.full((BLOCK_M, BLOCK_D), 0.0, tl.float32)
+    db = tl.full((BLOCK_M, BLOCK_D), 0.0, tl.float32)
+    for tile in range(pid, tl.cdiv(n_rows, BLOCK_M), progs):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)  # row count < 2³¹
+        rmask = rows < n_rows
+        mask = rmask[:, None] & cmask[None, :]
+        off = rows[:, None] * D + cols[None, :]
         h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.load(mean_ptr + row)
-        rstd = tl.load(rstd_ptr + row)
-        xhat = tl.where(mask, (h - mean) * rstd, 0.0)
-        g = dy * w
-        c_xhat = sum0(g * xhat) / D
-        c_mean = sum0(g) / D
-        dx = rstd * (g - c_mean - xhat * c_xhat)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        if RMS:
+            xhat = h * rstd[:, None]
+        else:
+            mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
+            xhat = tl.where(mask, (h - mean[:, None]) * rstd[:, None], 0.0)
+        g = dy * w[None, :]
+        dx = g - xhat * (tl.reduce(g * xhat, 1, add) / D)[:, None]
+        if not RMS:
+            dx -= (tl.reduce(g, 1, add) / D)[:, None]
+            db += dy
+        dx *= rstd[:, None]
         if HAS_DH:
             dx += tl.load(dh_ptr + off, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * xhat
-        db += dy
-    tl.store(dw_ptr + pid * D + cols, dw, mask=mask)
-    tl.store(db_ptr + pid * D + cols, db, mask=mask)
+    tl.store(dw_ptr + pid * D + cols, sum0(dw), mask=cmask)
+    if not RMS:
+        tl.store(db_ptr + pid * D + cols, sum0(db), mask=cmask)
 
 
 # ----------------------------------------------------------------------------- launch helpers
 
-def _block_and_warps(d: int) -> tuple[int, int]:
-    block = triton.next_power_of_2(d)
-    return block, min(max(block // 256, 1), 16)
+def _tile(d: int, elements: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_D): whole rows, as many as make about ``elements`` per tile."""
+    block_d = triton.next_power_of_2(d)
+    return max(1, min(LAUNCH["max_rows"], elements // block_d)), block_d
 
 
-def _grid_rows(device: torch.device, rows: int) -> tuple[int, int]:
-    """(programs, rows per program) for the backward: a few programs per SM, each
-    accumulating its dweight/dbias partial over a contiguous block of rows."""
-    cap = programs_cap(device)
-    per = triton.cdiv(rows, min(rows, cap)) if rows > 0 else 1
-    return triton.cdiv(rows, per), per
+def _warps(block_m: int, block_d: int, per_tile: int) -> int:
+    return max(1, min(16, per_tile, block_m * block_d // 256))
+
+
+def _fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+         bias: Optional[torch.Tensor], eps: float, rms: bool,
+         out_dtype: Optional[torch.dtype]) -> Tensors4:
+    rows, d = x.shape
+    y = torch.empty_like(x, dtype=out_dtype or x.dtype)
+    h = x.new_empty(0) if residual is None else \
+        torch.empty_like(x, dtype=torch.promote_types(x.dtype, residual.dtype))
+    mean = torch.empty(0 if rms else rows, device=x.device, dtype=torch.float32)
+    rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+    if rows > 0:
+        block_m, block_d = _tile(d, LAUNCH["fwd_elements"])
+        launch(_fwd_kernel, (triton.cdiv(rows, block_m),),
+               x, x if residual is None else residual, weight, weight if bias is None else bias,
+               y, y if residual is None else h, rstd if rms else mean, rstd, rows, d, eps,
+               RMS=rms, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
+               BLOCK_M=block_m, BLOCK_D=block_d,
+               num_warps=_warps(block_m, block_d, LAUNCH["fwd_warps"]))
+    return y, h, mean, rstd
+
+
+def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: torch.Tensor,
+         mean: torch.Tensor, rstd: torch.Tensor, rms: bool) -> Tensors3:
+    rows, d = h.shape
+    dx = torch.empty_like(h)
+    block_m, block_d = _tile(d, LAUNCH["bwd_elements"])
+    progs = max(1, min(triton.cdiv(rows, block_m), programs_cap(h.device, LAUNCH["programs_per_sm"])))
+    alloc = torch.empty if rows else torch.zeros  # every program writes its row of partials
+    dw = alloc((progs, d), device=h.device, dtype=torch.float32)
+    db = alloc((0 if rms else progs, d), device=h.device, dtype=torch.float32)
+    if rows > 0:
+        launch(_bwd_kernel, (progs,),
+               dy, dy if dh is None else dh, h, weight, rstd if rms else mean, rstd, dx, dw,
+               dw if rms else db, rows, d, RMS=rms, HAS_DH=dh is not None,
+               BLOCK_M=block_m, BLOCK_D=block_d,
+               num_warps=_warps(block_m, block_d, LAUNCH["bwd_warps"]))
+    return dx, dw.sum(0), db.sum(0)
 
 
 # ----------------------------------------------------------------------------- custom ops
 
 @op("fasttrain::rms_norm_fwd")
 def _rms_fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
-             eps: float) -> Tensors3:
-    rows, d = x.shape
-    y = torch.empty_like(x)
-    h = torch.empty_like(x) if residual is not None else x.new_empty(0)
-    rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
-    block, warps = _block_and_warps(d)
-    if rows > 0:
-        launch(_rms_fwd_kernel, (rows,),
-                x, x if residual is None else residual, weight, y, y if residual is None else h,
-                rstd, d, eps, HAS_RES=residual is not None, BLOCK_D=block, num_warps=warps)
+             eps: float, out_dtype: Optional[torch.dtype]) -> Tensors3:
+    y, h, _, rstd = _fwd(x, residual, weight, None, eps, True, out_dtype)
     return y, h, rstd
 
 
 @op("fasttrain::rms_norm_bwd")
 def _rms_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
              weight: torch.Tensor, rstd: torch.Tensor) -> Tensors2:
-    rows, d = h.shape
-    dx = torch.empty_like(h)
-    progs, per = _grid_rows(h.device, rows)
-    dw = torch.empty((progs, d), device=h.device, dtype=torch.float32)
-    block, warps = _block_and_warps(d)
-    if rows > 0:
-        launch(_rms_bwd_kernel, (progs,),
-                dy, dy if dh is None else dh, h, weight, rstd, dx, dw, rows, d, per,
-                HAS_DH=dh is not None, BLOCK_D=block, num_warps=warps)
-    return dx, dw.sum(0)
+    dx, dw, _ = _bwd(dy, dh, h, weight, rstd, rstd, rms=True)
+    return dx, dw
 
 
 @op("fasttrain::layer_norm_fwd")
 def _ln_fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
-            bias: Optional[torch.Tensor], eps: float) -> Tensors4:
-    rows, d = x.shape
-    y = torch.empty_like(x)
-    h = torch.empty_like(x) if residual is not None else x.new_empty(0)
-    mean = torch.empty(rows, device=x.device, dtype=torch.float32)
-    rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
-    block, warps = _block_and_warps(d)
-    if rows > 0:
-        launch(_ln_fwd_kernel, (rows,),
-                x, x if residual is None else residual, weight, weight if bias is None else bias,
-                y, y if residual is None else h, mean, rstd, d, eps,
-                HAS_RES=residual is not None, HAS_BIAS=bias is not None, BLOCK_D=block,
-                num_warps=warps)
-    return y, h, mean, rstd
+            bias: Optional[torch.Tensor], eps: float,
+            out_dtype: Optional[torch.dtype]) -> Tensors4:
+    return _fwd(x, residual, weight, bias, eps, False, out_dtype)
 
 
 @op("fasttrain::layer_norm_bwd")
 def _ln_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
             weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> Tensors3:
-    rows, d = h.shape
-    dx = torch.empty_like(h)
-    progs, per = _grid_rows(h.device, rows)
-    dw = torch.empty((progs, d), device=h.device, dtype=torch.float32)
-    db = torch.empty((progs, d), device=h.device, dtype=torch.float32)
-    block, warps = _block_and_warps(d)
-    if rows > 0:
-        launch(_ln_bwd_kernel, (progs,),
-                dy, dy if dh is None else dh, h, weight, mean, rstd, dx, dw, db, rows, d, per,
-                HAS_DH=dh is not None, BLOCK_D=block, num_warps=warps)
-    return dx, dw.sum(0), db.sum(0)
+    return _bwd(dy, dh, h, weight, mean, rstd, rms=False)
 
 
 def _grads(saved: torch.Tensor, dy: Optional[torch.Tensor], dh: Optional[torch.Tensor],
@@ -243,9 +220,19 @@ def _grads(saved: torch.Tensor, dy: Optional[torch.Tensor], dh: Optional[torch.T
     return dy, (dh.contiguous() if has_res and dh is not None else None)
 
 
+def _input_grads(ctx, dx: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """dx (in h's dtype) as the gradients of x and of the residual, each in its own dtype."""
+    return dx.to(ctx.x_dtype), (dx.to(ctx.res_dtype) if ctx.has_res else None)
+
+
+def _save_dtypes(ctx, x: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
+    ctx.has_res, ctx.x_dtype = residual is not None, x.dtype
+    ctx.res_dtype = None if residual is None else residual.dtype
+
+
 def _rms_setup(ctx, inputs, output) -> None:
-    x, residual, weight, _eps = inputs
-    ctx.has_res = residual is not None
+    x, residual, weight, _eps, _out_dtype = inputs
+    _save_dtypes(ctx, x, residual)
     ctx.save_for_backward(output[1] if ctx.has_res else x, weight, output[2])
 
 
@@ -253,12 +240,12 @@ def _rms_backward(ctx, dy, dh, _drstd):
     h, weight, rstd = ctx.saved_tensors
     dy, dh = _grads(h, dy, dh, ctx.has_res)
     dx, dw = torch.ops.fasttrain.rms_norm_bwd(dy, dh, h, weight, rstd)
-    return dx, (dx if ctx.has_res else None), dw.to(weight.dtype), None
+    return *_input_grads(ctx, dx), dw.to(weight.dtype), None, None
 
 
 def _ln_setup(ctx, inputs, output) -> None:
-    x, residual, weight, bias, _eps = inputs
-    ctx.has_res = residual is not None
+    x, residual, weight, bias, _eps, _out_dtype = inputs
+    _save_dtypes(ctx, x, residual)
     ctx.bias_dtype = None if bias is None else bias.dtype
     ctx.save_for_backward(output[1] if ctx.has_res else x, weight, output[2], output[3])
 
@@ -268,7 +255,7 @@ def _ln_backward(ctx, dy, dh, _dmean, _drstd):
     dy, dh = _grads(h, dy, dh, ctx.has_res)
     dx, dw, db = torch.ops.fasttrain.layer_norm_bwd(dy, dh, h, weight, mean, rstd)
     db = None if ctx.bias_dtype is None else db.to(ctx.bias_dtype)
-    return dx, (dx if ctx.has_res else None), dw.to(weight.dtype), db, None
+    return *_input_grads(ctx, dx), dw.to(weight.dtype), db, None, None
 
 
 _rms_fwd.register_autograd(_rms_backward, setup_context=_rms_setup)
@@ -278,7 +265,7 @@ _ln_fwd.register_autograd(_ln_backward, setup_context=_ln_setup)
 # ----------------------------------------------------------------------------- public API
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-           residual: Optional[torch.Tensor]) -> int:
+           residual: Optional[torch.Tensor], out_dtype: Optional[torch.dtype]) -> int:
     if x.dtype not in _DTYPES:
         raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
     if x.dim() == 0 or x.shape[-1] == 0:
@@ -292,10 +279,13 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         if p.dtype not in _DTYPES or p.device != x.device:
             raise ValueError(f"{name} must be a float tensor on {x.device}, "
                              f"got {p.dtype} on {p.device}")
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+    if residual is not None and (residual.shape != x.shape or residual.dtype not in _DTYPES
                                  or residual.device != x.device):
-        raise ValueError(f"residual must match x ({tuple(x.shape)}, {x.dtype}, {x.device}), got "
-                         f"({tuple(residual.shape)}, {residual.dtype}, {residual.device})")
+        raise ValueError(f"residual must be a float tensor shaped like x ({tuple(x.shape)} on "
+                         f"{x.device}), got ({tuple(residual.shape)}, {residual.dtype}, "
+                         f"{residual.device})")
+    if out_dtype is not None and out_dtype not in _DTYPES:
+        raise ValueError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     return d
 
 
@@ -304,43 +294,48 @@ def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: Optional[torch.Tensor] = None
+             residual: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None
              ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``x / sqrt(mean(x**2, -1) + eps) * weight``; with ``residual``, ``h = x + residual``
-    is normalized instead and ``(y, h)`` returned."""
-    d = _check(x, weight, None, residual)
+    (in the wider of their dtypes) is normalized instead and ``(y, h)`` returned. ``y`` comes
+    out in ``out_dtype`` (default x's: under autocast, the dtype the next matmul takes)."""
+    d = _check(x, weight, None, residual, out_dtype)
     res = None if residual is None else _rows(residual, d)
-    y, h, _ = torch.ops.fasttrain.rms_norm_fwd(_rows(x, d), res, weight.contiguous(), float(eps))
+    y, h, _ = torch.ops.fasttrain.rms_norm_fwd(_rows(x, d), res, weight.contiguous(), float(eps),
+                                               out_dtype)
     return y.view(x.shape) if residual is None else (y.view(x.shape), h.view(x.shape))
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float,
-               residual: Optional[torch.Tensor] = None
+               residual: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None
                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dim with affine ``weight`` (and ``bias``, may be None); with
-    ``residual``, ``h = x + residual`` is normalized instead and ``(y, h)`` returned."""
-    d = _check(x, weight, bias, residual)
+    ``residual``, ``h = x + residual`` (in the wider of their dtypes) is normalized instead and
+    ``(y, h)`` returned. ``y`` comes out in ``out_dtype`` (default x's)."""
+    d = _check(x, weight, bias, residual, out_dtype)
     res = None if residual is None else _rows(residual, d)
     b = None if bias is None else bias.contiguous()
     y, h, _, _ = torch.ops.fasttrain.layer_norm_fwd(_rows(x, d), res, weight.contiguous(), b,
-                                                    float(eps))
+                                                    float(eps), out_dtype)
     return y.view(x.shape) if residual is None else (y.view(x.shape), h.view(x.shape))
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                       residual: Optional[torch.Tensor] = None
+                       residual: Optional[torch.Tensor] = None,
+                       out_dtype: Optional[torch.dtype] = None
                        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Plain-PyTorch ``rms_norm``: fp32 internally, output in x's dtype."""
     h = x if residual is None else x + residual
-    y = F.rms_norm(h.float(), (h.shape[-1],), weight.float(), eps).to(x.dtype)
+    y = F.rms_norm(h.float(), (h.shape[-1],), weight.float(), eps).to(out_dtype or x.dtype)
     return y if residual is None else (y, h)
 
 
 def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                         eps: float, residual: Optional[torch.Tensor] = None
+                         eps: float, residual: Optional[torch.Tensor] = None,
+                         out_dtype: Optional[torch.dtype] = None
                          ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Plain-PyTorch ``layer_norm``: fp32 internally, output in x's dtype."""
     h = x if residual is None else x + residual
     b = None if bias is None else bias.float()
-    y = F.layer_norm(h.float(), (h.shape[-1],), weight.float(), b, eps).to(x.dtype)
+    y = F.layer_norm(h.float(), (h.shape[-1],), weight.float(), b, eps).to(out_dtype or x.dtype)
     return y if residual is None else (y, h)

@@ -45,7 +45,8 @@ import triton.language as tl
 
 from ._triton import INTERPRETED, add, launch, maximum, op, programs_cap
 
-__all__ = ["window_attention", "window_attention_reference", "MAX_TOKENS"]
+__all__ = ["window_attention", "window_attention_reference", "map_window_attention",
+           "map_window_attention_reference", "MAX_TOKENS"]
 
 MAX_TOKENS = 128  # tokens per window that one tile holds (a 64 × 64 or 128 × 128 score tile)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -72,23 +73,38 @@ def _dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def _load_qkv(qkv_ptr, win, head, rows, dcols, N, C, D):
+def _tokens(win, rows, H, W, WH, WW, SHIFT):
+    """Where window ``win``'s tokens ``rows`` sit in the (B, H, W) token map: the windows of
+    the map rolled up-left by SHIFT, WH × WW tokens each, row-major (window_partition of
+    cyclic_shift). Windows side by side in memory are the map 1 × N with windows 1 × N."""
+    across = W // WW
+    per_image = (H // WH) * across
+    image = win // per_image
+    w = win % per_image
+    y = ((w // across) * WH + rows // WW + SHIFT) % H
+    x = ((w % across) * WW + rows % WW + SHIFT) % W
+    return (image * H + y) * W + x
+
+
+@triton.jit
+def _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D):
     """q, k and v tiles (BLOCK_N × BLOCK_D) of one window and head; padded rows and columns 0."""
     ld = (rows < N)[:, None] & (dcols < D)[None, :]
-    ptrs = qkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :]
+    ptrs = qkv_ptr + tok[:, None] * 3 * C + head * D + dcols[None, :]
     return (tl.load(ptrs, mask=ld, other=0.0), tl.load(ptrs + C, mask=ld, other=0.0),
             tl.load(ptrs + 2 * C, mask=ld, other=0.0))
 
 
 @triton.jit
-def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, N, C, D, nW, heads, scale,
+def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, N, C, D, nW, heads, scale, H, W, WH, WW, SHIFT,
                 DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     win = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     scale = tl.cast(scale, tl.float32)  # see ._triton: Python floats
     rows = tl.arange(0, BLOCK_N)
     dcols = tl.arange(0, BLOCK_D)
-    q, k, v = _load_qkv(qkv_ptr, win, head, rows, dcols, N, C, D)
+    tok = _tokens(win, rows, H, W, WH, WW, SHIFT)
+    q, k, v = _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D)
     tile = rows[:, None] * BLOCK_N + rows[None, :]
     bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N + tile)
     s = _dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32)
@@ -98,14 +114,14 @@ def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, N, C, D, nW, heads, scale,
     o = _dot(p.to(v.dtype), v, DOT) / denom[:, None]
     rmask = rows < N
     st = rmask[:, None] & (dcols < D)[None, :]
-    tl.store(out_ptr + win * N * C + rows[:, None] * C + head * D + dcols[None, :],
+    tl.store(out_ptr + tok[:, None] * C + head * D + dcols[None, :],
              o.to(out_ptr.dtype.element_ty), mask=st)
     tl.store(lse_ptr + (win * heads + head) * N + rows, m + tl.log(denom), mask=rmask)
 
 
 @triton.jit
 def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr,
-                Bw, N, C, D, nW, heads, scale,
+                Bw, N, C, D, nW, heads, scale, H, W, WH, WW, SHIFT,
                 DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Persistent: program (part, head) walks windows part, part + parts, … (neighbours run
     side by side) and sums their score gradients into one bias partial."""
@@ -121,10 +137,11 @@ def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr
     dbias = tl.full((BLOCK_N, BLOCK_N), 0.0, tl.float32)
     for i in range(0, tl.cdiv(Bw - part, parts)):
         win = part + i * parts
-        q, k, v = _load_qkv(qkv_ptr, win, head, rows, dcols, N, C, D)
-        tok = win * N * C + rows[:, None] * C + head * D + dcols[None, :]
-        do = tl.load(dout_ptr + tok, mask=ld, other=0.0)
-        o = tl.load(out_ptr + tok, mask=ld, other=0.0)
+        tok = _tokens(win, rows, H, W, WH, WW, SHIFT)
+        q, k, v = _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D)
+        at = tok[:, None] * C + head * D + dcols[None, :]
+        do = tl.load(dout_ptr + at, mask=ld, other=0.0)
+        o = tl.load(out_ptr + at, mask=ld, other=0.0)
         delta = tl.reduce(do.to(tl.float32) * o.to(tl.float32), 1, add)  # rowsum(dO ∘ O)
         lse = tl.load(lse_ptr + (win * heads + head) * N + rows, mask=rmask, other=0.0)
         bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N + tile)
@@ -135,7 +152,7 @@ def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr
         ds_low = ds.to(q.dtype)
         dq = _dot(ds_low, k, DOT) * scale
         dk = _dot(tl.trans(ds_low), q, DOT) * scale
-        grad = dqkv_ptr + win * N * 3 * C + rows[:, None] * 3 * C + head * D + dcols[None, :]
+        grad = dqkv_ptr + tok[:, None] * 3 * C + head * D + dcols[None, :]
         ty = dqkv_ptr.dtype.element_ty
         tl.store(grad, dq.to(ty), mask=ld)
         tl.store(grad + C, dk.to(ty), mask=ld)
@@ -160,7 +177,7 @@ def _prepare(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor]
              warps: int) -> tuple[torch.Tensor, tuple, dict]:
     """What both kernels take besides their tensors: the bias tiles, the sizes (N, C, head_dim,
     nW, heads) and the compile-time settings."""
-    _, N, C3 = qkv.shape
+    N, C3 = bias.shape[-1], qkv.shape[-1]
     block_n = max(16, triton.next_power_of_2(N))
     bm = _bias_tiles(bias, mask, qkv.dtype, block_n)
     meta = dict(DOT=1 if qkv.dtype == torch.float32 else 2 if INTERPRETED else 0,
@@ -169,23 +186,28 @@ def _prepare(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor]
     return bm, (N, C3 // 3, C3 // 3 // heads, bm.shape[0], heads), meta
 
 
+def _windows(qkv: torch.Tensor, bias: torch.Tensor) -> int:
+    return qkv.numel() // (qkv.shape[-1] * bias.shape[-1])
+
+
 @op("fasttrain::window_attention_fwd")
 def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
-         scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    Bw, N, C3 = qkv.shape
-    out = qkv.new_empty((Bw, N, C3 // 3))
+         scale: float, geometry: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``geometry``: (H, W, window height, window width, shift) of the token map (_tokens)."""
+    Bw, N = _windows(qkv, bias), bias.shape[-1]
+    out = qkv.new_empty((*qkv.shape[:-1], qkv.shape[-1] // 3))
     lse = torch.empty((Bw, heads, N), device=qkv.device, dtype=torch.float32)
     if Bw > 0:
         bm, sizes, meta = _prepare(qkv, bias, mask, heads, LAUNCH["fwd_warps"])
-        launch(_fwd_kernel, (Bw, heads), qkv, bm, out, lse, *sizes, scale, **meta)
+        launch(_fwd_kernel, (Bw, heads), qkv, bm, out, lse, *sizes, scale, *geometry, **meta)
     return out, lse
 
 
 @op("fasttrain::window_attention_bwd")
 def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
          bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
-         scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    Bw, N, _ = qkv.shape
+         scale: float, geometry: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    Bw, N = _windows(qkv, bias), bias.shape[-1]
     dqkv = torch.empty_like(qkv)
     if Bw == 0:
         return dqkv, torch.zeros((heads, N, N), device=qkv.device, dtype=torch.float32)
@@ -193,13 +215,13 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
     bm, sizes, meta = _prepare(qkv, bias, mask, heads, LAUNCH["bwd_warps"])
     dbias = torch.empty((parts, heads, *bm.shape[2:]), device=qkv.device, dtype=torch.float32)
     launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bm, dqkv, dbias, Bw, *sizes,
-           scale, **meta)
+           scale, *geometry, **meta)
     return dqkv, dbias.sum(0)[:, :N, :N]
 
 
 def _setup(ctx, inputs, output) -> None:
-    qkv, bias, mask, heads, scale = inputs
-    ctx.heads, ctx.scale, ctx.bias_dtype = heads, scale, bias.dtype
+    qkv, bias, mask, heads, scale, geometry = inputs
+    ctx.heads, ctx.scale, ctx.geometry, ctx.bias_dtype = heads, scale, geometry, bias.dtype
     ctx.save_for_backward(qkv, bias, mask, output[0], output[1])
 
 
@@ -207,8 +229,8 @@ def _backward(ctx, dout, _dlse):
     qkv, bias, mask, out, lse = ctx.saved_tensors
     dout = torch.zeros_like(out) if dout is None else dout.contiguous()
     dqkv, dbias = torch.ops.fasttrain.window_attention_bwd(dout, qkv, out, lse, bias, mask,
-                                                           ctx.heads, ctx.scale)
-    return dqkv, dbias.to(ctx.bias_dtype), None, None, None
+                                                           ctx.heads, ctx.scale, ctx.geometry)
+    return dqkv, dbias.to(ctx.bias_dtype), None, None, None, None
 
 
 _fwd.register_autograd(_backward, setup_context=_setup)
@@ -244,11 +266,41 @@ def window_attention(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch
     ``b`` as ``mask[b % nW]`` (or None); ``scale`` defaults to head_dim^-½. Returns (Bw, N, C)
     with the heads side by side, in qkv's dtype."""
     _check(qkv, bias, mask, heads)
-    head_dim = qkv.shape[2] // (3 * heads)
+    N = qkv.shape[1]
+    return _attend(qkv, bias, mask, heads, scale, [1, N, 1, N, 0])
+
+
+def map_window_attention(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor],
+                         heads: int, window: int, shift: int = 0,
+                         scale: float | None = None) -> torch.Tensor:
+    """``window_attention`` on the token map itself: ``qkv`` (B, H, W, 3·C) unpartitioned, the
+    windows those of the map rolled up-left by ``shift`` and cut into ``window`` × ``window``
+    tiles (Swin's cyclic shift and window partition), ``mask`` (nW, N, N) for one image's nW
+    windows. Returns (B, H, W, C) in the map's layout: what the reverse partition and shift of
+    the windows' outputs give. The kernels find each window's tokens by address, so neither
+    the roll nor the partition (nor their reverses, nor their backwards) touches memory."""
+    if qkv.dim() != 4:
+        raise ValueError(f"qkv must be a (batch, height, width, 3 * channels) map, got shape "
+                         f"{tuple(qkv.shape)}")
+    _, H, W, C3 = qkv.shape
+    if window < 1 or H % window or W % window or not 0 <= shift < window:
+        raise ValueError(f"a {H}x{W} map does not tile into {window}x{window} windows shifted "
+                         f"by {shift} (need window | H, W and 0 <= shift < window)")
+    N = window * window
+    _check(qkv.view(-1, N, C3), bias, mask, heads)
+    if mask is not None and mask.shape[0] != (H // window) * (W // window):
+        raise ValueError(f"mask must have one (N, N) slice per window of an image "
+                         f"({(H // window) * (W // window)}), got {mask.shape[0]}")
+    return _attend(qkv, bias, mask, heads, scale, [H, W, window, window, shift])
+
+
+def _attend(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
+            scale: float | None, geometry: list[int]) -> torch.Tensor:
+    head_dim = qkv.shape[-1] // (3 * heads)
     scale = head_dim ** -0.5 if scale is None else float(scale)
     mask = None if mask is None else mask.contiguous()
     out, _ = torch.ops.fasttrain.window_attention_fwd(qkv.contiguous(), bias.contiguous(), mask,
-                                                      heads, scale)
+                                                      heads, scale, geometry)
     return out
 
 
@@ -270,3 +322,15 @@ def window_attention_reference(qkv: torch.Tensor, bias: torch.Tensor,
     s = (s.view(-1, add.shape[0], heads, N, N) + add).view(Bw, heads, N, N)
     p = s.softmax(-1).to(qkv.dtype).to(acc)
     return (p @ v).transpose(1, 2).reshape(Bw, N, C3 // 3).to(qkv.dtype)
+
+
+def map_window_attention_reference(qkv: torch.Tensor, bias: torch.Tensor,
+                                   mask: Optional[torch.Tensor], heads: int, window: int,
+                                   shift: int = 0, scale: float | None = None) -> torch.Tensor:
+    """Plain-PyTorch ``map_window_attention``: roll, partition, attend, reverse, roll back."""
+    B, H, W, C3 = qkv.shape
+    x = torch.roll(qkv, shifts=(-shift, -shift), dims=(1, 2))
+    x = x.view(B, H // window, window, W // window, window, C3).permute(0, 1, 3, 2, 4, 5)
+    out = window_attention_reference(x.reshape(-1, window * window, C3), bias, mask, heads, scale)
+    out = out.view(B, H // window, W // window, window, window, C3 // 3).permute(0, 1, 3, 2, 4, 5)
+    return torch.roll(out.reshape(B, H, W, C3 // 3), shifts=(shift, shift), dims=(1, 2))

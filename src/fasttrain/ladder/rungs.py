@@ -70,7 +70,7 @@ def memory_rungs(workload: Workload) -> list[Rung]:
     ]
 
 
-SEARCHED_KERNELS = ("window", "patch", "gelu", "rope", "loss", "groupnorm")
+SEARCHED_KERNELS = ("window", "layernorm", "patch", "gelu", "rope", "loss", "groupnorm")
 """Kernel families the fast search tries, one rung each, in this order: those whose kernels
 beat Inductor's fusion of the plain code in the microbenchmark's CUDA-graph replay
 (kernels-micro-activations-rope-norms-20261121-0833: bias + GELU 0.31 vs 0.47 ms on ViT-B,

@@ -1,8 +1,15 @@
-"""GroupNorm with an optional SiLU after it (the UNet's and the VAE's "GN → SiLU → conv").
+"""Norm layers with a fused path.
 
-Fused path (``kernels=groupnorm``, Triton, ``kernels/group_norm.py``): the norm, its affine and
-the SiLU in two passes each way that read channels-last activations in place. Parameters and
-their names are those of ``nn.GroupNorm``.
+``GroupNorm``: GroupNorm with an optional SiLU after it (the UNet's and the VAE's "GN → SiLU →
+conv"). Fused (``kernels=groupnorm``, Triton, ``kernels/group_norm.py``): the norm, its affine
+and the SiLU in two passes each way that read channels-last activations in place.
+
+``LayerNorm``: LayerNorm that can also take the residual add before it (``add``), for pre-norm
+blocks. Fused (``kernels=layernorm``, Triton, ``kernels/norms.py``): the add and the norm in one
+pass over tiles of whole rows, the backward in one pass that also sums the weight and bias
+gradients.
+
+Parameters and their names are those of the ``nn`` module each subclasses.
 """
 from __future__ import annotations
 
@@ -34,3 +41,41 @@ class GroupNorm(nn.GroupNorm):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (", silu" if self.silu else "")
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` over the last dim; ``add(x, residual)`` normalizes ``x + residual`` and
+    returns ``(norm, sum)``. ``feeds_matmul``: the output goes into a linear layer, so under
+    autocast the fused kernel writes it in the autocast dtype the matmul takes (the plain path
+    writes fp32 and the matmul casts it); otherwise it comes out as the plain path's would."""
+
+    fused_kind, fused_triton = "layernorm", True
+
+    def __init__(self, dim: int, eps: float = 1e-5, feeds_matmul: bool = False):
+        super().__init__(dim, eps=eps)
+        self.feeds_matmul, self.fused = feeds_matmul, False
+
+    def use_fused(self, on: bool) -> list[str]:
+        self.fused = on
+        return ["LayerNorm (with the residual add before it) in Triton"]
+
+    def _out_dtype(self, x: torch.Tensor) -> torch.dtype | None:
+        if not torch.is_autocast_enabled(x.device.type):
+            return None
+        return torch.get_autocast_dtype(x.device.type) if self.feeds_matmul else torch.float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            from ..kernels.norms import layer_norm
+
+            return layer_norm(x, self.weight, self.bias, self.eps, out_dtype=self._out_dtype(x))
+        return super().forward(x)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused:
+            from ..kernels.norms import layer_norm
+
+            return layer_norm(x, self.weight, self.bias, self.eps, residual=residual,
+                              out_dtype=self._out_dtype(x))
+        h = x + residual
+        return super().forward(h), h

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..layers.attention import attention
 from ..layers.mlp import Mlp
+from ..layers.norm import LayerNorm
 from ..layers.patch import PatchEmbed
 from .base import Workload
 from .data import ImageFiles, classification_images, normalize_images
@@ -119,7 +120,7 @@ class WindowAttention(nn.Module):
         if on and N > MAX_TOKENS:
             return [f"window attention of {N} tokens kept on SDPA (Triton tile: ≤ {MAX_TOKENS})"]
         self.fused = on
-        return ["window attention with bias and mask in one Triton kernel"]
+        return ["window attention with bias, mask, shift and partition in one Triton kernel"]
 
     def position_bias(self) -> torch.Tensor:
         N = self.relative_position_index.shape[0]
@@ -127,6 +128,16 @@ class WindowAttention(nn.Module):
         # Contiguous: SDPA's fused kernels need the mask's last dim at stride 1; the permuted
         # view (stride = heads) sent every unshifted block to the math kernel.
         return bias.view(N, N, self.heads).permute(2, 0, 1).contiguous().unsqueeze(0)
+
+    def on_map(self, x: torch.Tensor, mask: torch.Tensor | None, window: int,
+               shift: int) -> torch.Tensor:
+        """The fused path on the (B, H, W, C) map itself: the kernel reads the windows of the
+        map rolled by ``shift`` by address and writes back in place, so the block needs no
+        roll, partition or reverse (``kernels.map_window_attention``)."""
+        from ..kernels.window_attention import map_window_attention
+
+        return self.proj(map_window_attention(self.qkv(x), self.position_bias()[0], mask,
+                                              self.heads, window, shift))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         Bw, N, C = x.shape  # (B·nW, N, C)
@@ -152,14 +163,16 @@ class SwinBlock(nn.Module):
         if res <= window:  # one window covers the map: nothing to shift across (as timm)
             window, shift = res, 0
         self.window, self.shift = window, shift
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = LayerNorm(dim, feeds_matmul=True)
         self.attn = WindowAttention(dim, heads, window)
-        self.norm2 = nn.LayerNorm(dim)
+        self.norm2 = LayerNorm(dim, feeds_matmul=True)
         self.mlp = Mlp(dim, dim * mlp_ratio)
         mask = shift_mask(res, window, shift) if shift else None
         self.register_buffer("attn_mask", mask, persistent=False)
 
     def _attn(self, x: torch.Tensor) -> torch.Tensor:
+        if self.attn.fused:
+            return self.attn.on_map(x, self.attn_mask, self.window, self.shift)
         B, H, W, C = x.shape
         if self.shift:
             x = cyclic_shift(x, self.shift)
@@ -168,8 +181,8 @@ class SwinBlock(nn.Module):
         return cyclic_shift(x, -self.shift) if self.shift else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, H, W, C)
-        x = x + self._attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        y, x = self.norm2.add(self._attn(self.norm1(x)), x)  # x + attention, and its norm
+        return x + self.mlp(y)
 
 
 class PatchMerging(nn.Module):

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..layers.attention import attention
 from ..layers.mlp import Mlp
+from ..layers.norm import LayerNorm
 from ..layers.patch import PatchEmbed
 from .base import Workload
 from .data import ImageFiles, classification_images, normalize_images
@@ -59,14 +60,14 @@ class SelfAttention(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ViTConfig, batch_second: bool):
         super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.dim, eps=1e-6)
+        self.norm1 = LayerNorm(cfg.dim, eps=1e-6, feeds_matmul=True)
         self.attn = SelfAttention(cfg.dim, cfg.heads, batch_second)
-        self.norm2 = nn.LayerNorm(cfg.dim, eps=1e-6)
+        self.norm2 = LayerNorm(cfg.dim, eps=1e-6, feeds_matmul=True)
         self.mlp = Mlp(cfg.dim, cfg.mlp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        y, x = self.norm2.add(self.attn(self.norm1(x)), x)  # x + attention, and its norm
+        return x + self.mlp(y)
 
 
 class ViT(nn.Module):
