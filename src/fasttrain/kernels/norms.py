@@ -48,10 +48,10 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Tensors2 = tuple[torch.Tensor, torch.Tensor]
 Tensors3 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-# Tiles (H200, benchmarks/kernels_micro.py --only norms): elements per tile (whole rows, at
+# Tiles (H200, kernels-micro-norms-20261121-1416, fastest on Swin-B's widths): elements per tile (whole rows, at
 # most max_rows of them) and warps per program each way; persistent backward programs per SM.
-LAUNCH = {"fwd_elements": 4096, "bwd_elements": 4096, "max_rows": 64, "fwd_warps": 8,
-          "bwd_warps": 8, "programs_per_sm": 4}
+LAUNCH = {"fwd_elements": 8192, "bwd_elements": 8192, "max_rows": 64, "fwd_warps": 8,
+          "bwd_warps": 8, "programs_per_sm": 2}
 
 
 # ----------------------------------------------------------------------------- kernels
