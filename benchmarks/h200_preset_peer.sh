@@ -8,7 +8,7 @@
 cmds=()
 [ -n "${GPU_TESTS:-}" ] && cmds+=("python3 -m pytest -q -m gpu tests/test_gpu.py -k '$GPU_TESTS' --tb=short 2>&1 | grep -v Warning | tail -30")
 for p in ${PRESETS:-}; do
-  cmds+=("python3 -m fasttrain ladder ${p%%:*} --size base --out $OUT --warmup 3 --rungs none --recipe ${p#*:} --peer")
+  cmds+=("python3 -m fasttrain ladder ${p%%:*} --size base --out $OUT --warmup 3 --rungs fp32 --recipe ${p#*:} --peer")
 done
 i=0
 for p in ${TRAIN:-}; do
