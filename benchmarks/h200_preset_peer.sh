@@ -6,13 +6,13 @@
 #   PRESETS=swin:benchmarks/results/presets/swin-base-layernorm.toml bash benchmarks/h200_preset_peer.sh
 . "$(dirname "$0")/lanes.sh"
 cmds=()
-[ -n "${GPU_TESTS:-}" ] && cmds+=("python3 -m pytest -q -m gpu tests/test_gpu.py -k '$GPU_TESTS' --tb=short 2>&1 | grep -v Warning | tail -30")
+add_gpu_tests
 for p in ${PRESETS:-}; do
   cmds+=("python3 -m fasttrain ladder ${p%%:*} --size base --out $OUT --warmup 3 --rungs fp32 --recipe ${p#*:} --peer")
 done
 i=0
 for p in ${TRAIN:-}; do
-  cmds+=("python3 -m fasttrain train --size base --steps 30 --warmup 5 ${p%%:*} --recipe ${p#*:} > $OUT/run-$((i++))-${p%%:*}.out")
+  cmds+=("$TRAIN_CMD ${p%%:*} --recipe ${p#*:} > $OUT/run-$((i++))-${p%%:*}.out")
 done
 lane 0 0-15 "${cmds[@]}"
 finish_lanes

@@ -7,20 +7,19 @@
 #   GPU_TESTS=group_norm MICRO=groupnorm SWITCH=kernels=groupnorm \
 #     PRESETS=sd:benchmarks/results/presets/fast-sd-base-20261121-101013.toml bash benchmarks/h200_train_ab.sh
 . "$(dirname "$0")/lanes.sh"
-T="python3 -m fasttrain train --size base --steps 30 --warmup 5"
 SWITCH=${SWITCH:-optimizer_impl=triton}
 cmds=()
-[ -n "${GPU_TESTS:-}" ] && cmds+=("python3 -m pytest -q -m gpu tests/test_gpu.py -k '$GPU_TESTS' --tb=short 2>&1 | grep -v Warning | tail -40")
+add_gpu_tests
 [ -n "${MICRO:-}" ] && cmds+=("python3 benchmarks/kernels_micro.py --only $MICRO --out $OUT/kernels-micro-${MICRO//,/-}.jsonl")
 i=0
 for p in ${PRESETS:-}; do
   w=${p%%:*}; f=${p#*:}
-  cmds+=("$T $w --recipe $f > $OUT/run-$((i++))-$w.out"
-         "$T $w --recipe $f --set $SWITCH > $OUT/run-$((i++))-$w.out")
+  cmds+=("$TRAIN_CMD $w --recipe $f > $OUT/run-$((i++))-$w.out"
+         "$TRAIN_CMD $w --recipe $f --set $SWITCH > $OUT/run-$((i++))-$w.out")
 done
 for e in ${EXTRA:-}; do
   IFS=: read -r w f kv <<< "$e"
-  cmds+=("$T $w --recipe $f --set $kv > $OUT/run-$((i++))-$w.out")
+  cmds+=("$TRAIN_CMD $w --recipe $f --set $kv > $OUT/run-$((i++))-$w.out")
 done
 lane 0 0-15 "${cmds[@]}"
 finish_lanes

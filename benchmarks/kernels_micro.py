@@ -133,6 +133,7 @@ def linear_ce_rows(env: dict) -> list[dict]:
 
 # Tile settings tried for the norm kernels besides the default: (forward elements, warps,
 # backward elements, warps, programs per SM), see kernels/norms.py LAUNCH.
+NORM_TILE_KEYS = ("fwd_elements", "fwd_warps", "bwd_elements", "bwd_warps", "programs_per_sm")
 NORM_TILES = [(2048, 4, 2048, 4, 4), (4096, 4, 4096, 4, 4), (8192, 8, 4096, 8, 2),
               (8192, 8, 8192, 8, 2), (16384, 16, 2048, 8, 8)]
 
@@ -161,15 +162,13 @@ def norm_rows(env: dict) -> list[dict]:
         def call(f, tiles=None):
             def run(x, r, w, b):
                 if tiles is not None:
-                    norms.LAUNCH.update(zip(("fwd_elements", "fwd_warps", "bwd_elements",
-                                             "bwd_warps", "programs_per_sm"), tiles))
+                    norms.LAUNCH.update(zip(NORM_TILE_KEYS, tiles))
                 extra = () if kernel == "rms_norm" else (b,)
                 return f(x, w, *extra, 1e-5, residual=r, out_dtype=torch.bfloat16)
             return run
 
         ref = getattr(norms, f"{kernel}_reference")
-        default = tuple(norms.LAUNCH[k] for k in ("fwd_elements", "fwd_warps", "bwd_elements",
-                                                  "bwd_warps", "programs_per_sm"))
+        default = tuple(norms.LAUNCH[k] for k in NORM_TILE_KEYS)
         torch._dynamo.reset()
         variants = {"eager reference": call(ref), "compiled reference": torch.compile(call(ref)),
                     "triton": call(getattr(norms, kernel), default)}
@@ -179,7 +178,7 @@ def norm_rows(env: dict) -> list[dict]:
                               {"rows": n, "dim": d, "model": where},
                               "x bf16 + residual fp32 -> h fp32, y bf16; fp32 weights",
                               ("gb_per_s", moved), grads=grads)
-        call(getattr(norms, kernel), default)(x, r, w, b)  # the default tiles back
+        norms.LAUNCH.update(zip(NORM_TILE_KEYS, default))  # the default tiles back
     return rows
 
 

@@ -27,3 +27,10 @@ finish_lanes() {
   for g in 0 1 2 3 4 5 6 7; do [ -f /tmp/lane$g.log ] && grep -v '^USDT' /tmp/lane$g.log; done \
     > "$OUT/lanes.log"
 }
+# Shared by the single-GPU A/B scripts: their `fasttrain train` command, and the gpu-marked tests
+# that a pytest -k expression in GPU_TESTS selects, appended to the caller's cmds when set.
+TRAIN_CMD="python3 -m fasttrain train --size base --steps 30 --warmup 5"
+add_gpu_tests() {
+  [ -n "${GPU_TESTS:-}" ] && cmds+=("python3 -m pytest -q -m gpu tests/test_gpu.py -k '$GPU_TESTS' --tb=short 2>&1 | grep -v Warning | tail -40")
+  true
+}

@@ -266,38 +266,35 @@ def test_group_norm_kernel_compiled_on_cuda_matches_the_reference():
                                group_norm_reference(x, w, b, 32, 1e-6, True))
 
 
-def test_sd_group_norm_kernel_in_the_compiled_training_loop_keeps_the_losses():
-    wl = load_workload("sd", "tiny")
-    base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="regional",
-                  channels_last=True)
+def _kernels_keep_the_losses(workload: str, base: Recipe, kernels: tuple[str, ...],
+                             says: str) -> None:
+    """Each ``kernels`` setting on top of ``base`` (compiled, bf16 autocast) trains the tiny
+    workload with the plain run's losses (bf16 tolerance), says ``says``, warns of nothing."""
+    wl = load_workload(workload, "tiny")
     plain = train(wl, base, steps=4, warmup=0, device="cuda")
-    fused = train(wl, base.replace(kernels="groupnorm"), steps=4, warmup=0, device="cuda")
-    assert "GroupNorm + SiLU in Triton" in fused.applied["kernels"] and not fused.warnings
-    torch.testing.assert_close(torch.tensor(fused.losses), torch.tensor(plain.losses),
-                               rtol=2e-2, atol=0)
-
-
-def test_swin_window_kernel_in_the_compiled_training_loop_keeps_the_losses():
-    wl = load_workload("swin", "tiny")
-    base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="model")
-    plain = train(wl, base, steps=4, warmup=0, device="cuda")
-    for kernels in ("window", "window,layernorm"):
-        fused = train(wl, base.replace(kernels=kernels), steps=4, warmup=0, device="cuda")
-        assert "window attention" in fused.applied["kernels"] and not fused.warnings
+    for k in kernels:
+        fused = train(wl, base.replace(kernels=k), steps=4, warmup=0, device="cuda")
+        assert says in fused.applied["kernels"] and not fused.warnings
         torch.testing.assert_close(torch.tensor(fused.losses), torch.tensor(plain.losses),
                                    rtol=2e-2, atol=0)
 
 
+def test_sd_group_norm_kernel_in_the_compiled_training_loop_keeps_the_losses():
+    _kernels_keep_the_losses("sd", Recipe(precision="bf16-mixed", optimizer_impl="fused",
+                                          compile="regional", channels_last=True),
+                             ("groupnorm",), "GroupNorm + SiLU in Triton")
+
+
+def test_swin_window_kernel_in_the_compiled_training_loop_keeps_the_losses():
+    _kernels_keep_the_losses("swin", Recipe(precision="bf16-mixed", optimizer_impl="fused",
+                                            compile="model"),
+                             ("window", "window,layernorm"), "window attention")
+
+
 def test_vit_layer_norm_kernel_in_the_graphed_training_loop_keeps_the_losses():
-    wl = load_workload("vit", "tiny")
-    base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="model",
-                  cuda_graphs=True)
-    plain = train(wl, base, steps=4, warmup=0, device="cuda")
-    fused = train(wl, base.replace(kernels="layernorm"), steps=4, warmup=0, device="cuda")
-    assert "LayerNorm (with the residual add before it) in Triton" in fused.applied["kernels"]
-    assert not fused.warnings
-    torch.testing.assert_close(torch.tensor(fused.losses), torch.tensor(plain.losses),
-                               rtol=2e-2, atol=0)
+    _kernels_keep_the_losses("vit", Recipe(precision="bf16-mixed", optimizer_impl="fused",
+                                           compile="model", cuda_graphs=True),
+                             ("layernorm",), "LayerNorm (with the residual add before it) in Triton")
 
 
 def test_one_launch_adamw_on_cuda_matches_torch_eager_and_in_a_cuda_graph():

@@ -80,7 +80,7 @@ def _reference_shifted_attention(blk: SwinBlock, x: torch.Tensor) -> torch.Tenso
     """Per-token loop: each query attends only to keys of its window that were its neighbours
     before the roll (same side of the wrap on both axes); bias index from its definition."""
     B, H, W, C = x.shape
-    w, s, heads = blk.window, blk.shift, blk.attn.heads
+    w, s, heads = blk.attn.window, blk.attn.shift, blk.attn.heads
     xs = cyclic_shift(x, s)
     q, k, v = blk.attn.qkv(xs).view(B, H, W, 3, heads, C // heads).unbind(3)  # (B, H, W, h, D)
     table = blk.attn.relative_position_bias_table  # ((2w-1)², heads)
@@ -106,7 +106,7 @@ def test_shifted_window_attention_matches_per_region_reference():
     torch.nn.init.normal_(blk.attn.relative_position_bias_table, std=1.0)  # make it matter
     x = torch.randn(2, 8, 8, 8)
     with torch.no_grad():
-        got = blk._attn(x)
+        got = blk.attn(x, blk.attn_mask)
         want = _reference_shifted_attention(blk, x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
@@ -122,7 +122,7 @@ def test_base_matches_timm_swin_base_patch4_window7_224():
     assert sum(p.numel() for p in model.parameters()) == 87_768_224
     # 15.43 GMACs forward (timm/paper's "15.4 GFLOPs"); FlopCounterMode counts 2 per MAC
     assert counter.get_total_flops() == pytest.approx(30.86e9, rel=0.005)
-    shifts = [[blk.shift for blk in stage.blocks] for stage in model.stages]
+    shifts = [[blk.attn.shift for blk in stage.blocks] for stage in model.stages]
     assert shifts[:3] == [[0, 3] * (d // 2) for d in (2, 2, 18)]
     assert shifts[3] == [0, 0]  # 7x7 map, one window: no shift, no mask
     assert model.stages[3].blocks[1].attn_mask is None

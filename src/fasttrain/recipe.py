@@ -118,9 +118,11 @@ class Recipe:
     kernels: str = "none"
     """fasttrain's fused kernels where a model has a fused path: none | fused (every family) |
     a comma-separated list of families: patch (patch embedding as one GEMM), loss (linear +
-    cross-entropy in chunks), window (Swin window attention in Triton), gelu (bias + GELU),
-    swiglu (SiLU·up), rope (rotary embedding of q and k in one kernel), groupnorm (GroupNorm +
-    SiLU reading channels-last activations in place: SD's UNet and VAE)."""
+    cross-entropy in chunks), window (Swin window attention in Triton, on the unpartitioned
+    map), layernorm (the blocks' LayerNorms with the residual add before norm2, Swin and ViT),
+    gelu (bias + GELU), swiglu (SiLU·up), rope (rotary embedding of q and k in one kernel),
+    groupnorm (GroupNorm + SiLU reading channels-last activations in place: SD's UNet and
+    VAE)."""
     fp8: str = "none"
     """none | large | linear: the linear layers of the trainable repeated blocks multiply in
     float8 (e4m3 forward, e5m2 gradients, per-tensor dynamic scales) — all of them (linear) or

@@ -34,14 +34,14 @@ INTERPRETED = not isinstance(_probe, JITFunction)
 """Whether this process runs Triton kernels in the interpreter (on the CPU)."""
 
 
-# Reductions for the kernels, from builtins of triton.language only (tl.reduce), not its
-# @triton.jit library (tl.sum, tl.max): the kernels then run in the interpreter even when triton
-# was imported before TRITON_INTERPRET was set (the library's functions are compiled-only then).
-# Interpreted, the combine functions are Triton's own, which tl.sum and tl.max reduce with: the
-# interpreter recognises them and reduces a tile in one numpy call, where a combine function of
-# ours is called once per element (a 64 × 32 LayerNorm tile: 0.9 s against 25 ms). Compiled,
-# they are ours: Inductor copies a kernel's @triton.jit helpers into its own source under their
-# function names, so a kernel that calls ``add`` needs a function named ``add``.
+# Reductions for the kernels: tl.reduce (a builtin of triton.language) with these combine
+# functions, not the @triton.jit library's tl.sum and tl.max (compiled-only when triton was
+# imported before TRITON_INTERPRET was set). Interpreted, the combine functions are the ones
+# tl.sum and tl.max reduce with, which the interpreter recognises and runs as one numpy call per
+# tile, where a combine function of ours is called once per element (a 64 × 32 LayerNorm tile:
+# 0.9 s against 25 ms); INTERPRETED is true exactly when the library runs interpreted too.
+# Compiled, they are ours: Inductor copies a kernel's @triton.jit helpers into its own source
+# under their function names, so a kernel that calls ``add`` needs a function named ``add``.
 if INTERPRETED:
     add = tl.standard._sum_combine
     maximum = tl.standard._elementwise_max
@@ -59,6 +59,12 @@ else:
 def sum0(v):
     """Sum over axis 0 (a row vector's elements, a tile's columns)."""
     return tl.reduce(v, 0, add)
+
+
+def output_grad(saved: torch.Tensor, dy: torch.Tensor | None) -> torch.Tensor:
+    """An output's gradient as a kernel reads it: contiguous (autograd may hand in an expanded
+    one), zeros like ``saved`` where autograd hands in none."""
+    return torch.zeros_like(saved) if dy is None else dy.contiguous()
 
 
 def runs_on(t: torch.Tensor) -> bool:

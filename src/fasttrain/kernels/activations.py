@@ -50,7 +50,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._triton import launch, op, programs_cap, sum0
+from ._triton import launch, op, output_grad, programs_cap, sum0
 
 __all__ = ["bias_gelu", "swiglu", "bias_gelu_reference", "swiglu_reference"]
 
@@ -237,11 +237,6 @@ def _swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> Tenso
     return dgate, dup
 
 
-def _grad(saved: torch.Tensor, dy: Optional[torch.Tensor]) -> torch.Tensor:
-    """A contiguous output gradient (autograd may hand in an expanded or a missing one)."""
-    return torch.zeros_like(saved) if dy is None else dy.contiguous()
-
-
 def _bias_gelu_setup(ctx, inputs, output) -> None:
     x, bias, approximate = inputs
     ctx.approximate = approximate
@@ -251,7 +246,7 @@ def _bias_gelu_setup(ctx, inputs, output) -> None:
 
 def _bias_gelu_backward(ctx, dy):
     x, bias = ctx.saved_tensors
-    dx, db = torch.ops.fasttrain.bias_gelu_bwd(_grad(x, dy), x, bias, ctx.approximate)
+    dx, db = torch.ops.fasttrain.bias_gelu_bwd(output_grad(x, dy), x, bias, ctx.approximate)
     return dx, (db.to(bias.dtype) if ctx.has_bias else None), None
 
 
@@ -261,7 +256,7 @@ def _swiglu_setup(ctx, inputs, output) -> None:
 
 def _swiglu_backward(ctx, dy):
     gate, up = ctx.saved_tensors
-    return torch.ops.fasttrain.swiglu_bwd(_grad(gate, dy), gate, up)
+    return torch.ops.fasttrain.swiglu_bwd(output_grad(gate, dy), gate, up)
 
 
 _bias_gelu_fwd.register_autograd(_bias_gelu_backward, setup_context=_bias_gelu_setup)

@@ -157,7 +157,7 @@ def _chunks(sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return tensor.to(torch.int32), start.to(torch.int32)
 
 
-def _dense(t: torch.Tensor) -> bool:
+def dense(t: torch.Tensor) -> bool:
     """Whether ``t``'s elements fill exactly ``numel`` consecutive slots of memory, in any order
     (``empty_like`` keeps the strides of exactly such tensors)."""
     return torch.empty_like(t).stride() == t.stride()
@@ -186,7 +186,7 @@ def _checked(params: Iterable[torch.Tensor], betas: tuple[float, float]) -> list
             raise FasttrainError(
                 f"FlatAdamW needs dense fp32 weights on one device; got {p.dtype} on "
                 f"{p.device} (bf16 weights: use optimizer_impl=fused)")
-        if not _dense(p):
+        if not dense(p):
             raise FasttrainError(f"FlatAdamW needs dense weights; one of shape "
                                  f"{tuple(p.shape)} has strides {p.stride()}")
         if p.numel() > _MAX_NUMEL:

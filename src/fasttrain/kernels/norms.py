@@ -43,7 +43,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._triton import add, launch, op, programs_cap, sum0
+from ._triton import add, launch, op, output_grad, programs_cap, sum0
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_reference", "layer_norm_reference"]
 
@@ -171,11 +171,14 @@ def _fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor
 
 
 def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: torch.Tensor,
-         mean: torch.Tensor, rstd: torch.Tensor, rms: bool) -> Tensors3:
+         mean: torch.Tensor, rstd: torch.Tensor, rms: bool
+         ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """dx, dweight and (LayerNorm only) dbias."""
     rows, d = h.shape
     dx = torch.empty_like(h)
     block_m, block_d = _tile(d, LAUNCH["bwd_elements"])
-    progs = max(1, min(triton.cdiv(rows, block_m), programs_cap(h.device, LAUNCH["programs_per_sm"])))
+    progs = max(1, min(triton.cdiv(rows, block_m),
+                       programs_cap(h.device, LAUNCH["programs_per_sm"])))
     alloc = torch.empty if rows else torch.zeros  # every program writes its row of partials
     dw = alloc((progs, d), device=h.device, dtype=torch.float32)
     db = alloc((0 if rms else progs, d), device=h.device, dtype=torch.float32)
@@ -185,7 +188,7 @@ def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: 
                dw if rms else db, rows, d, RMS=rms, HAS_DH=dh is not None,
                BLOCK_M=block_m, BLOCK_D=block_d,
                num_warps=_warps(block_m, block_d, LAUNCH["bwd_warps"]))
-    return dx, dw.sum(0), db.sum(0)
+    return dx, dw.sum(0), None if rms else db.sum(0)
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -217,11 +220,10 @@ def _ln_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
     return _bwd(dy, dh, h, weight, mean, rstd, rms=False)
 
 
-def _grads(saved: torch.Tensor, dy: Optional[torch.Tensor], dh: Optional[torch.Tensor],
-           has_res: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Contiguous output gradients (autograd may hand in expanded or missing ones)."""
-    dy = torch.zeros_like(saved) if dy is None else dy.contiguous()
-    return dy, (dh.contiguous() if has_res and dh is not None else None)
+def _stream_grad(ctx, dh: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The gradient arriving at h from the residual stream (None: only the norm's output
+    carries one)."""
+    return dh.contiguous() if ctx.has_res and dh is not None else None
 
 
 def _input_grads(ctx, dx: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -242,8 +244,8 @@ def _rms_setup(ctx, inputs, output) -> None:
 
 def _rms_backward(ctx, dy, dh, _drstd):
     h, weight, rstd = ctx.saved_tensors
-    dy, dh = _grads(h, dy, dh, ctx.has_res)
-    dx, dw = torch.ops.fasttrain.rms_norm_bwd(dy, dh, h, weight, rstd)
+    dx, dw = torch.ops.fasttrain.rms_norm_bwd(output_grad(h, dy), _stream_grad(ctx, dh), h,
+                                              weight, rstd)
     return *_input_grads(ctx, dx), dw.to(weight.dtype), None, None
 
 
@@ -256,8 +258,8 @@ def _ln_setup(ctx, inputs, output) -> None:
 
 def _ln_backward(ctx, dy, dh, _dmean, _drstd):
     h, weight, mean, rstd = ctx.saved_tensors
-    dy, dh = _grads(h, dy, dh, ctx.has_res)
-    dx, dw, db = torch.ops.fasttrain.layer_norm_bwd(dy, dh, h, weight, mean, rstd)
+    dx, dw, db = torch.ops.fasttrain.layer_norm_bwd(output_grad(h, dy), _stream_grad(ctx, dh), h,
+                                                    weight, mean, rstd)
     db = None if ctx.bias_dtype is None else db.to(ctx.bias_dtype)
     return *_input_grads(ctx, dx), dw.to(weight.dtype), db, None, None
 

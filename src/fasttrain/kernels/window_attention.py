@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import INTERPRETED, add, launch, maximum, op, programs_cap
+from ._triton import INTERPRETED, add, launch, maximum, op, output_grad, programs_cap
 
 __all__ = ["window_attention", "window_attention_reference", "map_window_attention",
            "map_window_attention_reference", "MAX_TOKENS"]
@@ -96,8 +96,8 @@ def _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D):
 
 
 @triton.jit
-def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, N, C, D, nW, heads, scale, H, W, WH, WW, SHIFT,
-                DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, N, C, D, nW, heads, scale,
+                H, W, WH, WW, SHIFT, DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     win = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     scale = tl.cast(scale, tl.float32)  # see ._triton: Python floats
@@ -227,9 +227,9 @@ def _setup(ctx, inputs, output) -> None:
 
 def _backward(ctx, dout, _dlse):
     qkv, bias, mask, out, lse = ctx.saved_tensors
-    dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-    dqkv, dbias = torch.ops.fasttrain.window_attention_bwd(dout, qkv, out, lse, bias, mask,
-                                                           ctx.heads, ctx.scale, ctx.geometry)
+    dqkv, dbias = torch.ops.fasttrain.window_attention_bwd(output_grad(out, dout), qkv, out, lse,
+                                                           bias, mask, ctx.heads, ctx.scale,
+                                                           ctx.geometry)
     return dqkv, dbias.to(ctx.bias_dtype), None, None, None, None
 
 
@@ -287,7 +287,7 @@ def map_window_attention(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[t
         raise ValueError(f"a {H}x{W} map does not tile into {window}x{window} windows shifted "
                          f"by {shift} (need window | H, W and 0 <= shift < window)")
     N = window * window
-    _check(qkv.view(-1, N, C3), bias, mask, heads)
+    _check(qkv.reshape(-1, N, C3), bias, mask, heads)
     if mask is not None and mask.shape[0] != (H // window) * (W // window):
         raise ValueError(f"mask must have one (N, N) slice per window of an image "
                          f"({(H // window) * (W // window)}), got {mask.shape[0]}")
@@ -328,9 +328,9 @@ def map_window_attention_reference(qkv: torch.Tensor, bias: torch.Tensor,
                                    mask: Optional[torch.Tensor], heads: int, window: int,
                                    shift: int = 0, scale: float | None = None) -> torch.Tensor:
     """Plain-PyTorch ``map_window_attention``: roll, partition, attend, reverse, roll back."""
-    B, H, W, C3 = qkv.shape
-    x = torch.roll(qkv, shifts=(-shift, -shift), dims=(1, 2))
-    x = x.view(B, H // window, window, W // window, window, C3).permute(0, 1, 3, 2, 4, 5)
-    out = window_attention_reference(x.reshape(-1, window * window, C3), bias, mask, heads, scale)
-    out = out.view(B, H // window, W // window, window, window, C3 // 3).permute(0, 1, 3, 2, 4, 5)
-    return torch.roll(out.reshape(B, H, W, C3 // 3), shifts=(shift, shift), dims=(1, 2))
+    from ..layers.windows import cyclic_shift, window_partition, window_reverse
+
+    _, H, W, _ = qkv.shape
+    win = window_partition(cyclic_shift(qkv, shift), window)
+    out = window_attention_reference(win, bias, mask, heads, scale)
+    return cyclic_shift(window_reverse(out, window, H, W), -shift)

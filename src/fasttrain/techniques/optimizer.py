@@ -78,9 +78,9 @@ def _flat_unfit(state: TrainState, params: list[torch.Tensor]) -> str | None:
         return f"it steps fp32 weights, these are {names} (precision={state.recipe.precision})"
     if len({p.device for p in params}) > 1:
         return "the weights are on more than one device"
-    from ..kernels.adamw import _dense
+    from ..kernels.adamw import dense
 
-    if not all(_dense(p) for p in params):
+    if not all(dense(p) for p in params):
         return "a weight is a strided view (not dense)"
     return None
 

@@ -3,8 +3,8 @@
 Attention runs inside non-overlapping windows with a learned relative position bias; every odd
 block first rolls the map by half a window (a cyclic shift) so information crosses window
 borders, and masks the token pairs that the roll brought together from opposite edges. The
-window partition, its reverse and the shift are small functions so that a fused kernel can
-replace them. Sizes: ``base`` is Swin-B, ``large`` Swin-L; ``variant='t'`` (or ``'s'``,
+window partition, its reverse and the shift (``layers/windows.py``) are what the fused window
+kernel does by address instead. Sizes: ``base`` is Swin-B, ``large`` Swin-L; ``variant='t'`` (or ``'s'``,
 ``'b'``, ``'l'``) picks that architecture whatever the size.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ..layers.attention import attention
 from ..layers.mlp import Mlp
 from ..layers.norm import LayerNorm
 from ..layers.patch import PatchEmbed
+from ..layers.windows import cyclic_shift, window_partition, window_reverse
 from .base import Workload
 from .data import ImageFiles, classification_images, normalize_images
 
@@ -52,25 +53,6 @@ VARIANTS = {
 }
 
 
-def window_partition(x: torch.Tensor, window: int) -> torch.Tensor:
-    """(B, H, W, C) → (B·nW, window², C); windows row-major within each image."""
-    B, H, W, C = x.shape
-    x = x.view(B, H // window, window, W // window, window, C)
-    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, window * window, C)
-
-
-def window_reverse(windows: torch.Tensor, window: int, H: int, W: int) -> torch.Tensor:
-    """(B·nW, window², C) → (B, H, W, C): the inverse of :func:`window_partition`."""
-    C = windows.shape[-1]
-    x = windows.view(-1, H // window, W // window, window, window, C)
-    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
-
-
-def cyclic_shift(x: torch.Tensor, shift: int) -> torch.Tensor:
-    """Roll (B, H, W, C) up-left by ``shift`` tokens; ``-shift`` undoes it."""
-    return torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
-
-
 def relative_position_index(window: int) -> torch.Tensor:
     """(N, N) row of the bias table for each (query, key) pair of a window, N = window²."""
     coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window),
@@ -95,18 +77,20 @@ def shift_mask(res: int, window: int, shift: int) -> torch.Tensor:
 
 
 class WindowAttention(nn.Module):
-    """Multi-head attention within each window, with the learned relative position bias.
+    """Multi-head attention within the windows of a (B, H, W, C) map rolled up-left by
+    ``shift``, with the learned relative position bias (and the shift mask).
 
-    Plain: SDPA over (B·nW, heads, N, D) with the bias (and mask) as a materialised additive
-    mask. Fused (``kernels=window``): ``kernels.window_attention``, one Triton kernel each way
-    straight from the qkv projection, bias and mask added inside (windows up to
-    ``MAX_TOKENS`` tokens)."""
+    Plain: roll, partition, SDPA over (B·nW, heads, N, D) with the bias (and mask) as a
+    materialised additive mask, reverse, roll back. Fused (``kernels=window``):
+    ``kernels.map_window_attention``, one Triton kernel each way straight from the qkv
+    projection of the map, which finds each window's tokens by address (no roll, partition or
+    reverse in memory) and adds bias and mask inside (windows up to ``MAX_TOKENS`` tokens)."""
 
     fused_kind, fused_triton, replaces_sdpa = "window", True, True
 
-    def __init__(self, dim: int, heads: int, window: int):
+    def __init__(self, dim: int, heads: int, window: int, shift: int = 0):
         super().__init__()
-        self.heads, self.fused = heads, False
+        self.heads, self.window, self.shift, self.fused = heads, window, shift, False
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
         self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, heads))
@@ -129,23 +113,19 @@ class WindowAttention(nn.Module):
         # view (stride = heads) sent every unshifted block to the math kernel.
         return bias.view(N, N, self.heads).permute(2, 0, 1).contiguous().unsqueeze(0)
 
-    def on_map(self, x: torch.Tensor, mask: torch.Tensor | None, window: int,
-               shift: int) -> torch.Tensor:
-        """The fused path on the (B, H, W, C) map itself: the kernel reads the windows of the
-        map rolled by ``shift`` by address and writes back in place, so the block needs no
-        roll, partition or reverse (``kernels.map_window_attention``)."""
-        from ..kernels.window_attention import map_window_attention
-
-        return self.proj(map_window_attention(self.qkv(x), self.position_bias()[0], mask,
-                                              self.heads, window, shift))
-
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        Bw, N, C = x.shape  # (B·nW, N, C)
-        if self.fused:
-            from ..kernels.window_attention import window_attention
+        if self.fused:  # x (B, H, W, C), mask (nW, N, N) for one image's windows
+            from ..kernels.window_attention import map_window_attention
 
-            return self.proj(window_attention(self.qkv(x), self.position_bias()[0], mask,
-                                              self.heads))
+            return self.proj(map_window_attention(self.qkv(x), self.position_bias()[0], mask,
+                                                  self.heads, self.window, self.shift))
+        B, H, W, C = x.shape
+        win = window_partition(cyclic_shift(x, self.shift) if self.shift else x, self.window)
+        x = window_reverse(self._windows(win, mask), self.window, H, W)
+        return cyclic_shift(x, -self.shift) if self.shift else x
+
+    def _windows(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        Bw, N, C = x.shape  # (B·nW, N, C)
         qkv = self.qkv(x).view(Bw, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
         bias = self.position_bias()
         if mask is not None:  # mask (nW, N, N)
@@ -162,26 +142,15 @@ class SwinBlock(nn.Module):
         super().__init__()
         if res <= window:  # one window covers the map: nothing to shift across (as timm)
             window, shift = res, 0
-        self.window, self.shift = window, shift
         self.norm1 = LayerNorm(dim, feeds_matmul=True)
-        self.attn = WindowAttention(dim, heads, window)
+        self.attn = WindowAttention(dim, heads, window, shift)
         self.norm2 = LayerNorm(dim, feeds_matmul=True)
         self.mlp = Mlp(dim, dim * mlp_ratio)
         mask = shift_mask(res, window, shift) if shift else None
         self.register_buffer("attn_mask", mask, persistent=False)
 
-    def _attn(self, x: torch.Tensor) -> torch.Tensor:
-        if self.attn.fused:
-            return self.attn.on_map(x, self.attn_mask, self.window, self.shift)
-        B, H, W, C = x.shape
-        if self.shift:
-            x = cyclic_shift(x, self.shift)
-        win = self.attn(window_partition(x, self.window), self.attn_mask)  # (B·nW, N, C)
-        x = window_reverse(win, self.window, H, W)  # (B, H, W, C)
-        return cyclic_shift(x, -self.shift) if self.shift else x
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, H, W, C)
-        y, x = self.norm2.add(self._attn(self.norm1(x)), x)  # x + attention, and its norm
+        y, x = self.norm2.add(self.attn(self.norm1(x), self.attn_mask), x)  # x + attention, norm
         return x + self.mlp(y)
 
 
