@@ -226,19 +226,31 @@ def activation_rows(env: dict) -> list[dict]:
     from fasttrain.kernels import activations as act
 
     rows = []
-    for where, n, d in [("vit-B fc1", 128 * 197, 3072), ("swin-B stage 3 fc1", 64 * 196, 2048)]:
+    for where, n, d in [("vit-B fc1", 128 * 197, 3072), ("swin-B stage 1 fc1", 64 * 3136, 512),
+                        ("swin-B stage 3 fc1", 64 * 196, 2048)]:
         x = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         b = (0.1 * torch.randn(d, device="cuda")).requires_grad_()
         dy = torch.randn(n, d, device="cuda", dtype=torch.bfloat16)
         moved = 5 * n * d * 2 + 2 * d * 4  # fwd: read x, write y — bwd: read dy, x; write dx
+        shape = {"rows": n, "dim": d, "model": where}
 
         torch._dynamo.reset()
         variants = {"eager reference": act.bias_gelu_reference,
                     "eager bf16 (model's math)": lambda x, b: F.gelu(x + b.to(x.dtype)),
                     "compiled reference": torch.compile(act.bias_gelu_reference),
-                    "triton fused": act.bias_gelu}
-        rows += _variant_rows(env, "bias+gelu", variants, (x, b),
-                              {"rows": n, "dim": d, "model": where},
+                    # other math (tanh GELU): how fast the kernels run with a cheaper activation
+                    "triton fused, tanh GELU (other math)": lambda x, b: act.bias_gelu(x, b,
+                                                                                       "tanh")}
+        # the erf of the exact GELU: the rational fit (the default) and libdevice's erff; the
+        # setting is read at every launch, so it stays set while each variant is timed
+        default = act.LAUNCH["erf"]
+        for erf in ("rational", "libdevice"):
+            act.LAUNCH["erf"] = erf
+            variants_erf = {f"triton fused ({erf} erf)": act.bias_gelu}
+            rows += _variant_rows(env, "bias+gelu", variants_erf, (x, b), shape,
+                                  "bf16 activations, fp32 bias", ("gb_per_s", moved), (dy,))
+        act.LAUNCH["erf"] = default
+        rows += _variant_rows(env, "bias+gelu", variants, (x, b), shape,
                               "bf16 activations, fp32 bias", ("gb_per_s", moved), (dy,))
 
     for where, n, h in [("llama-1B", 8192, 8192)]:

@@ -60,7 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "on, their recipes still cumulative")
     lad.add_argument("--out", default="out", help="folder for the JSONL rows (default out/)")
     lad.add_argument("--peer", action="store_true",
-                     help="also run the public-code peer (bf16 + fused AdamW + compile)")
+                     help="also run the public-code peer (bf16 + fused AdamW + compile), then "
+                          "the peer and the best rung once more (ours, peer, peer, ours) to "
+                          "confirm the ratio")
+    lad.add_argument("--no-confirm", dest="confirm", action="store_false",
+                     help="with --peer: measure each side once, without the confirming repeats")
     lad.add_argument("--rung-timeout", type=float, default=None, help="seconds per rung")
     tr = sub.add_parser("train", help="one measured run of a recipe; prints its row")
     _common(tr)
@@ -153,10 +157,14 @@ def cmd_ladder(args) -> int:
                       steps=args.steps, warmup=args.warmup, device=device, data=args.data,
                       options=_options(args.opt), out=out, peer=args.peer and args.nproc == 1,
                       rung_timeout=args.rung_timeout, extra_rungs=extra, nproc=args.nproc,
-                      start_at=args.start_at)
+                      start_at=args.start_at, confirm=args.confirm)
     rows = run_with_progress(spec)
     if rungs == ["fast"]:
         _write_fast_preset(args.workload, size, rows, out)
+    ratio = next((r for r in rows if r.get("kind") == "ratio"), None)
+    if ratio is not None and not ratio["steady"]:
+        print(f"warning: the ratio to the peer is not steady: {ratio['reason']}; measure again "
+              f"before quoting it")
     print(f"rows: {out}")
     bad = [r for r in rows if r.get("kind") == "ladder" and (
         r.get("error") or (r.get("parity") or {}).get("passed") is False)]
@@ -181,10 +189,13 @@ def _write_fast_preset(workload: str, size: str, rows: list[dict], out: Path) ->
                                               f"{best['rung']}, {best['throughput']:,.1f} "
                                               f"{best['throughput_unit']}"))
     peer = next((r for r in rows if r.get("kind") == "peer" and not r.get("error")), None)
+    ratio = next((r for r in rows if r.get("kind") == "ratio" and r.get("ratio")
+                  and r["rung"] == best["rung"]), None)
+    vs_peer = ratio["ratio"] if ratio else best["throughput"] / peer["throughput"] if peer else None
     append_row(out, {"kind": "fast", "workload": workload, "size": size, "rung": best["rung"],
                      "recipe": best["recipe"], "throughput": best["throughput"],
                      "throughput_unit": best["throughput_unit"], "speedup": best.get("speedup"),
-                     "vs_peer": best["throughput"] / peer["throughput"] if peer else None,
+                     "vs_peer": vs_peer, "vs_peer_steady": ratio["steady"] if ratio else None,
                      "recipe_file": str(path), "env": best.get("env")})
     gain = f", {best['speedup']:.2f}x fp32" if best.get("speedup") else ""
     print(f"fast preset: {best['rung']} ({best['throughput']:,.1f} {best['throughput_unit']}"

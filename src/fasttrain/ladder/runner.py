@@ -15,6 +15,7 @@ from ..env import environment
 from ..errors import FasttrainError
 from ..recipe import Recipe
 from ..run.parity import compare
+from ..run.steadiness import confirmed_ratio
 from ..techniques import allocator, unmet_requirements
 from ..workloads import load_workload
 from .rungs import FastSearch, Rung, build_ladder
@@ -39,6 +40,7 @@ class LadderSpec:
     extra_rungs: list[tuple[str, Recipe]] = field(default_factory=list)
     nproc: int = 1  # processes per rung, launched through torchrun
     start_at: str | None = None  # run the first rung (the parity base), then from this rung on
+    confirm: bool = True  # with the peer: measure both sides again (A B B A), see _confirm
 
 
 def append_row(path: Path, row: dict) -> None:
@@ -160,13 +162,17 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
     wl, plan, search = _plan(spec)
     env = environment(spec.device)
     rows, ref, prev = [], None, None
-    total = len(plan) + (len(search.axes) if search else 0)  # the search adds one per switch
+    recipes: dict[str, Recipe] = {}
+    # the search adds one rung per switch; the peer one, its confirmation two
+    total = len(plan) + (len(search.axes) if search else 0) + (
+        (3 if spec.confirm else 1) if spec.peer else 0)
     with tempfile.TemporaryDirectory(prefix="fasttrain-ladder-") as tmp:
         workdir = Path(tmp)
         i = -1
         while i + 1 < len(plan):
             i += 1
             rung, recipe = plan[i]
+            recipes[rung.name] = recipe
             if on_start:
                 on_start(rung.name, i, total)
             base = {"kind": "ladder", "workload": spec.workload, "size": spec.size,
@@ -182,39 +188,91 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
                 ref = row
             row = _check(row, rung, ref, prev, recipe)
             prev = row if ok else None  # "previous" means the rung just before, or no check
-            rows.append(row)
-            if spec.out:
-                append_row(spec.out, row)
-            if on_row:
-                on_row(row, i, total)
+            _emit(spec, rows, row, on_row, i, total)
             if search and rung.name.startswith("fast: "):
                 following = search.next(row, recipe)
                 if following:
                     plan.insert(i + 1, following)
         if spec.peer:
-            rows.append(_peer_row(spec, wl, env, workdir, ref, on_start, on_row, total))
+            i += 1
+            peer = _peer_row(spec, wl, env, workdir, ref, on_start, i, total)
+            _emit(spec, rows, peer, on_row, i, total)
+            best = _best(rows, search)
+            if spec.confirm and best is not None and not peer.get("error"):
+                _confirm(spec, wl, env, workdir, rows, best, recipes[best["rung"]], ref, peer,
+                         on_start, on_row, i + 1, total)
     return rows
 
 
-def _peer_row(spec, wl, env, workdir, ref, on_start, on_row, n) -> dict:
+def _emit(spec: LadderSpec, rows: list[dict], row: dict, on_row, i: int, total: int) -> None:
+    rows.append(row)
+    if spec.out:
+        append_row(spec.out, row)
+    if on_row:
+        on_row(row, i, total)
+
+
+def _best(rows: list[dict], search: FastSearch | None) -> dict | None:
+    """The rung the peer is compared with: the fast search's kept candidate, else the fastest
+    rung that ran and did not fail parity."""
+    if search is not None:
+        return search.best
+    ok = [r for r in rows if r.get("kind") == "ladder" and r.get("throughput")
+          and not r.get("error") and (r.get("parity") or {}).get("passed") is not False]
+    return max(ok, key=lambda r: r["throughput"]) if ok else None
+
+
+def _confirm(spec, wl, env, workdir, rows, best, recipe, ref, peer, on_start, on_row, i, total):
+    """Measure the peer and the best rung once more, in that order (each in a fresh process),
+    and append a ``kind: ratio`` row: ours, peer, peer, ours (A B B A), so that a disturbance
+    of one measurement or a drift of the machine shows as disagreeing repeats instead of a
+    wrong ratio (fasttrain.run.steadiness)."""
+    peer2 = _peer_row(spec, wl, env, workdir, ref, on_start, i, total, repeat=True)
+    _emit(spec, rows, peer2, on_row, i, total)
+    name = f"{best['rung']} (repeat)"
     if on_start:
-        on_start("peer", n, n + 1)
-    out = workdir / "peer.jsonl"
+        on_start(name, i + 1, total)
+    t0 = time.perf_counter()
+    again = {"kind": "ladder", "workload": spec.workload, "size": spec.size, "rung": name,
+             "repeat_of": best["rung"], "comment": "measured again after the peer's repeat "
+             "(ours, peer, peer, ours)", "recipe": recipe.to_dict(), "parity": None,
+             **run_rung(spec, name, recipe, workdir)}
+    again.update(wall_s=time.perf_counter() - t0, env=env)
+    if not again.get("error"):
+        again = finish_row(again, ref, recipe.precision)
+        again["parity"] = {**compare(again["losses"], best["losses"], recipe.precision),
+                           "against": best["rung"]}
+    _emit(spec, rows, again, on_row, i + 1, total)
+    ratio = confirmed_ratio([best, again], [peer, peer2])
+    if ratio is None:
+        failed = next(r for r in (peer2, again) if r.get("error") or not r.get("throughput"))
+        ratio = {"ratio": None, "steady": False,
+                 "reason": f"not confirmed: the repeat of {failed.get('repeat_of')} failed "
+                           f"({failed.get('error')})"}
+    row = {"kind": "ratio", "workload": spec.workload, "size": spec.size, "rung": best["rung"],
+           "peer": peer.get("peer"), "throughput_unit": best.get("throughput_unit"), **ratio,
+           "env": env}
+    _emit(spec, rows, row, on_row, i + 1, total)
+
+
+def _peer_row(spec, wl, env, workdir, ref, on_start, i, total, repeat: bool = False) -> dict:
+    if on_start:
+        on_start("peer (repeat)" if repeat else "peer", i, total)
+    out = workdir / ("peer-repeat.jsonl" if repeat else "peer.jsonl")
     batch = spec.base.batch or wl.default_batch
     args = [spec.workload, "--size", spec.size, "--batch", str(batch), "--steps",
             str(spec.steps), "--warmup", str(spec.warmup), "--out", str(out)]
     args += ["--device", spec.device] + (["--tiny"] if spec.size == "tiny" else [])
-    err = _run_child("fasttrain.peers", args, spec.rung_timeout, workdir / "peer.log")
+    err = _run_child("fasttrain.peers", args, spec.rung_timeout,
+                     workdir / ("peer-repeat.log" if repeat else "peer.log"))
     lines = out.read_text().splitlines() if out.exists() else []
     row = json.loads(lines[-1]) if lines else {"kind": "peer", "workload": spec.workload,
                                                 "size": spec.size, "rung": "peer"}
     if err and not row.get("error"):
         row["error"] = err
+    if repeat:
+        row["repeat_of"], row["rung"] = row.get("rung"), f"{row.get('rung')} (repeat)"
     row["env"] = env
     if ref and not row.get("error"):
         row["speedup"] = ref["step_time_s"] / row["step_time_s"] * row["batch"] / ref["batch"]
-    if spec.out:
-        append_row(spec.out, row)
-    if on_row:
-        on_row(row, n, n + 1)
     return row

@@ -26,7 +26,7 @@ ROW_KEYS = (
     "kind", "peer", "workload", "size", "rung", "recipe", "batch", "steps", "step_time_s",
     "step_time_min_s", "step_time_max_s", "throughput", "throughput_unit", "peak_allocated_gib",
     "peak_reserved_gib", "model_flops", "tflops", "mfu", "warmup_s", "losses", "parity",
-    "applied", "error",
+    "applied", "error", "step_times_s", "spread",
 )
 
 

@@ -17,6 +17,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..run.steadiness import spread
+
 LR, WEIGHT_DECAY = 1e-4, 1e-2  # HF text-to-image defaults; speed does not depend on them
 GIB = 2**30
 
@@ -191,6 +193,8 @@ def timed_loop(step: Callable, steps: int, warmup: int, device: torch.device) ->
         "step_time_s": median(times),
         "step_time_min_s": min(times),
         "step_time_max_s": max(times),
+        "step_times_s": times,
+        "spread": spread(times),
         "losses": torch.stack(losses).float().cpu().tolist(),
         "peak_allocated_gib": None,
         "peak_reserved_gib": None,

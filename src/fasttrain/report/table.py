@@ -1,5 +1,5 @@
-"""The ladder table: rung, batch, ms/step, throughput, peak memory, TFLOP/s, MFU, speed-up,
-parity, and what the rung did — rendered from rows only."""
+"""The ladder table: rung, batch, ms/step, how steady the steps were, throughput, peak memory,
+TFLOP/s, MFU, speed-up, parity, and what the rung did — rendered from rows only."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-COLUMNS = ("rung", "batch", "ms/step", "throughput", "peak GiB", "TFLOP/s", "MFU",
+COLUMNS = ("rung", "batch", "ms/step", "spread", "throughput", "peak GiB", "TFLOP/s", "MFU",
            "speed-up", "parity", "comment")
 
 
@@ -27,6 +27,14 @@ def _parity(row: dict) -> str:
     return f"{mark} {dev:.1e}" if dev is not None else f"{mark} {p.get('reason', '')}"
 
 
+def _spread(row: dict) -> str:
+    """The step times' interquartile range over their median; ⚠ where the row is unsteady."""
+    s = row.get("spread")
+    if not s:
+        return "–"
+    return f"{'' if s.get('steady', True) else '⚠ '}{s['iqr_rel'] * 100:.1f}%"
+
+
 def _throughput(row: dict) -> str:
     t = row.get("throughput")
     if t is None:
@@ -37,34 +45,50 @@ def _throughput(row: dict) -> str:
 def row_cells(row: dict) -> list[str]:
     name = row.get("rung") or "?"
     if row.get("kind") == "peer":
-        name = f"peer: {row.get('peer', 'public code')}"
+        name = f"peer: {row.get('peer', 'public code')}" + (
+            " (repeat)" if row.get("repeat_of") else "")
     if row.get("error"):
-        return [name, str(row.get("batch", "–")), "–", "–", "–", "–", "–", "–", "✗",
+        return [name, str(row.get("batch", "–")), "–", "–", "–", "–", "–", "–", "–", "✗",
                 f"error: {row['error']}"]
     if row.get("skipped"):
-        return [name, "–", "–", "–", "–", "–", "–", "–", "–", f"skipped: {row['skipped']}"]
+        return [name, "–", "–", "–", "–", "–", "–", "–", "–", "–", f"skipped: {row['skipped']}"]
     warn = row.get("warnings") or []
     comment = row.get("comment", "") + (f" [{'; '.join(warn)}]" if warn else "")
     return [name, str(row.get("batch")), _num(row.get("step_time_s") and row["step_time_s"] * 1e3, ",.1f"),
-            _throughput(row), _num(row.get("peak_allocated_gib"), ".1f"),
+            _spread(row), _throughput(row), _num(row.get("peak_allocated_gib"), ".1f"),
             _num(row.get("tflops"), ",.1f" if (row.get("tflops") or 0) >= 1 else ".2g"), _num(row.get("mfu") and row["mfu"] * 100, ".1f") +
             ("%" if row.get("mfu") else ""), _num(row.get("speedup"), ".2f") +
             ("×" if row.get("speedup") else ""), _parity(row), comment]
 
 
 def peer_summary(rows: list[dict]) -> str | None:
-    """'best rung X: 1.15x the peer (same run)' when a ladder has a peer row."""
+    """'best rung X: 1.15x the peer (same run)' when a ladder has a peer row; with the peer's
+    confirmation (a ``kind: ratio`` row) the ratio of both sides measured twice, and whether
+    it is steady."""
+    confirmed = next((r for r in rows if r.get("kind") == "ratio"), None)
     peer = next((r for r in rows if r.get("kind") == "peer" and not r.get("error")), None)
     ours = [r for r in rows if r.get("kind") == "ladder" and r.get("throughput")
-            and (r.get("parity") or {}).get("passed") is not False]
+            and not r.get("repeat_of") and (r.get("parity") or {}).get("passed") is not False]
     if not peer or not ours:
         return None
     best = max(ours, key=lambda r: r["throughput"])
-    ratio = best["throughput"] / peer["throughput"]
-    return (f"best fasttrain rung '{best['rung']}': {best['throughput']:,.1f} "
-            f"{best['throughput_unit']} = {ratio:.2f}x the peer's {peer['throughput']:,.1f} "
-            f"(same run); peak {best.get('peak_allocated_gib') or 0:.1f} vs "
-            f"{peer.get('peak_allocated_gib') or 0:.1f} GiB")
+    if confirmed is not None:
+        best = next((r for r in ours if r["rung"] == confirmed["rung"]), best)
+    unit = best["throughput_unit"]
+    memory = (f"peak {best.get('peak_allocated_gib') or 0:.1f} vs "
+              f"{peer.get('peak_allocated_gib') or 0:.1f} GiB")
+    if confirmed is None or confirmed.get("ratio") is None:
+        note = f"; {confirmed['reason']}" if confirmed else ""
+        return (f"best fasttrain rung '{best['rung']}': {best['throughput']:,.1f} {unit} = "
+                f"{best['throughput'] / peer['throughput']:.2f}x the peer's "
+                f"{peer['throughput']:,.1f} (same run{note}); {memory}")
+    a, b = confirmed["ours_throughput"], confirmed["peer_throughput"]
+    verdict = "steady" if confirmed["steady"] else (
+        f"⚠ NOT STEADY: {confirmed['reason']}; measure again before quoting it")
+    return (f"best fasttrain rung '{best['rung']}': {max(a):,.1f} {unit} = "
+            f"{confirmed['ratio']:.2f}x the peer's {max(b):,.1f} (best of two each, measured "
+            f"ours {a[0]:,.1f}, peer {b[0]:,.1f}, peer {b[1]:,.1f}, ours {a[1]:,.1f} in one run: "
+            f"{verdict}); {memory}")
 
 
 def fast_summary(rows: list[dict]) -> str | None:
@@ -73,12 +97,14 @@ def fast_summary(rows: list[dict]) -> str | None:
     if not fast:
         return None
     peer = f", {fast['vs_peer']:.2f}x the peer" if fast.get("vs_peer") else ""
+    if fast.get("vs_peer") and fast.get("vs_peer_steady") is False:
+        peer += " (not steady)"
     return (f"fast preset: '{fast['rung']}' at {fast['throughput']:,.1f} "
             f"{fast['throughput_unit']}{peer} → {fast['recipe_file']}")
 
 
 def _table_rows(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r.get("kind") != "fast"]
+    return [r for r in rows if r.get("kind") not in ("fast", "ratio")]
 
 
 def rich_table(rows: list[dict], title: str | None = None) -> Table:

@@ -32,6 +32,7 @@ from . import checkpoint
 from .data import DevicePrefetcher, HostBatches, make_loader, to_device
 from .graphs import GraphedStep
 from .timer import PhaseTimer
+from .steadiness import spread
 
 GIB = 1024 ** 3
 
@@ -62,6 +63,7 @@ class RunResult:
     step_times_s: list[float] = field(default_factory=list)
     phase_steps_s: dict[str, list[float]] = field(default_factory=dict)
     observed: dict[str, Any] = field(default_factory=dict)
+    spread: dict[str, Any] | None = None  # steadiness.spread of step_times_s
 
     def to_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -351,4 +353,4 @@ def _summarise(state, totals, phases, losses, flops, warmup_s, host_wait, rate) 
         phases_s={k: statistics.median(v) for k, v in phases.items()},
         data_wait_host_s=host_wait, applied=dict(state.applied), warnings=list(state.warnings),
         compile=stats,
-        step_times_s=list(totals), phase_steps_s=phases)
+        step_times_s=list(totals), phase_steps_s=phases, spread=spread(totals))

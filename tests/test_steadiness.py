@@ -1,0 +1,177 @@
+"""How steady a measurement is, and the peer ratio measured ours, peer, peer, ours."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fasttrain.ladder import runner
+from fasttrain.ladder.runner import LadderSpec, run_ladder
+from fasttrain.recipe import Recipe
+from fasttrain.report.table import markdown_table, peer_summary
+from fasttrain.run.steadiness import REPEAT_TOLERANCE, UNSTEADY_IQR, confirmed_ratio, spread
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_spread_is_the_interquartile_range_over_the_median():
+    times = [0.0231, 0.0230, 0.0232, 0.0231, 0.0229, 0.0230, 0.0231, 0.0233]
+    s = spread(times)
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    assert s["iqr_rel"] == pytest.approx((q3 - q1) / statistics.median(times))
+    assert s["range_rel"] == pytest.approx((0.0233 - 0.0229) / statistics.median(times))
+    assert s["steady"] and s["iqr_rel"] < 0.01
+
+
+def test_spread_marks_a_run_whose_steps_scatter_and_ignores_one_outlier():
+    steady_but_one = [0.030] * 19 + [0.060]  # one slow step: the median and the IQR hold
+    assert spread(steady_but_one)["steady"] and spread(steady_but_one)["range_rel"] == 1.0
+    scattered = [0.044, 0.058, 0.047, 0.055, 0.050, 0.053, 0.045, 0.057]
+    s = spread(scattered)
+    assert not s["steady"] and s["iqr_rel"] > UNSTEADY_IQR
+    assert spread([0.1, 0.2, 0.3]) is None and spread([]) is None  # too few steps to say
+
+
+def _row(rung: str, throughput: float, kind: str = "ladder", iqr: float = 0.004) -> dict:
+    return {"kind": kind, "rung": rung, "throughput": throughput, "throughput_unit": "img/s",
+            "error": None, "spread": {"iqr_rel": iqr, "range_rel": iqr * 2,
+                                      "steady": iqr <= UNSTEADY_IQR}}
+
+
+def test_confirmed_ratio_quotes_best_against_best_and_checks_the_repeats():
+    ours = [_row("fast", 2775.9), _row("fast (repeat)", 2780.2)]
+    peer = [_row("peer", 1757.4, "peer"), _row("peer (repeat)", 1750.0, "peer")]
+    r = confirmed_ratio(ours, peer)
+    assert r["ratio"] == pytest.approx(2780.2 / 1757.4)
+    assert r["ratio_abba"] == pytest.approx((2775.9 + 2780.2) / (1757.4 + 1750.0))
+    assert r["steady"] and r["reason"] is None
+    assert r["repeat_disagreement"]["peer"] == pytest.approx((1757.4 - 1750.0) / 1757.4)
+
+
+def test_the_disturbed_peer_of_the_h200_run_is_caught():
+    """ladder-swin-base-20261121-140645: the peer measured 1,216.8 img/s, then alone 1,728.5."""
+    ours = [_row("swin-base-layernorm", 2775.9), _row("swin-base-layernorm (repeat)", 2779.0)]
+    peer = [_row("peer", 1216.8, "peer", iqr=0.12), _row("peer (repeat)", 1728.5, "peer")]
+    r = confirmed_ratio(ours, peer)
+    assert not r["steady"] and r["repeat_disagreement"]["peer"] > REPEAT_TOLERANCE
+    assert "peer's two measurements differ by 29.6%" in r["reason"]
+    assert "peer: step times spread 12.0%" in r["reason"]
+    assert r["ratio"] == pytest.approx(2779.0 / 1728.5)  # not 2.28x
+
+
+def test_confirmed_ratio_needs_all_four_measurements():
+    ok, failed = _row("a", 2.0), {**_row("b", 1.0), "error": "out of memory"}
+    assert confirmed_ratio([ok, ok], [ok, failed]) is None
+    assert confirmed_ratio([ok], [ok, ok]) is None
+
+
+class _FakeChildren:
+    """Stand-ins for the rung and peer processes: rows with throughputs and losses."""
+
+    def __init__(self, peer_throughputs: list[float], ours: dict[str, list[float]]):
+        self.peer = list(peer_throughputs)
+        self.ours = {k: list(v) for k, v in ours.items()}
+        self.order: list[str] = []
+
+    def run_rung(self, spec, name, recipe, workdir):
+        self.order.append(name)
+        base = name.removesuffix(" (repeat)")
+        t = self.ours[base].pop(0)
+        return {"batch": 8, "steps": 4, "step_time_s": 8 / t, "throughput": t,
+                "throughput_unit": "img/s", "losses": [2.0, 1.9, 1.8, 1.7], "error": None,
+                "spread": spread([8 / t] * 4)}
+
+    def run_child(self, module, args, timeout, log, extra_env=None, nproc=1):
+        assert module == "fasttrain.peers"
+        self.order.append("peer")
+        t = self.peer.pop(0)
+        if t is None:
+            return "process exited with 1: boom"
+        row = {"kind": "peer", "peer": "timm:vit bf16+compile", "rung": "peer bf16+compile",
+               "batch": 8, "step_time_s": 8 / t, "throughput": t, "throughput_unit": "img/s",
+               "error": None, "spread": spread([8 / t] * 4)}
+        out = Path(args[args.index("--out") + 1])
+        out.write_text(json.dumps(row) + "\n")
+        return None
+
+
+def _ladder(monkeypatch, tmp_path, fake, **kw):
+    monkeypatch.setattr(runner, "run_rung", fake.run_rung)
+    monkeypatch.setattr(runner, "_run_child", fake.run_child)
+    spec = LadderSpec(workload="vit", size="tiny", rungs=["fp32", "bf16"], steps=4, warmup=1,
+                      device="cpu", base=Recipe(), peer=True, out=tmp_path / "rows.jsonl", **kw)
+    return run_ladder(spec)
+
+
+def test_the_ladder_measures_ours_peer_peer_ours(monkeypatch, tmp_path):
+    fake = _FakeChildren([250.0, 252.0], {"fp32": [100.0], "bf16": [300.0, 301.0]})
+    rows = _ladder(monkeypatch, tmp_path, fake)
+    assert fake.order == ["fp32", "bf16", "peer", "peer", "bf16 (repeat)"]
+    assert [(r["kind"], r["rung"]) for r in rows] == [
+        ("ladder", "fp32"), ("ladder", "bf16"), ("peer", "peer bf16+compile"),
+        ("peer", "peer bf16+compile (repeat)"), ("ladder", "bf16 (repeat)"), ("ratio", "bf16")]
+    again, ratio = rows[4], rows[5]
+    assert again["repeat_of"] == "bf16" and again["parity"]["against"] == "bf16"
+    assert again["parity"]["passed"] and again["speedup"] == pytest.approx(3.01)
+    assert ratio["ratio"] == pytest.approx(301.0 / 252.0) and ratio["steady"]
+    assert ratio["ours_throughput"] == [300.0, 301.0] and ratio["peer_throughput"] == [250, 252]
+    written = [json.loads(x) for x in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [r["rung"] for r in written] == [r["rung"] for r in rows]
+    summary = peer_summary(rows)
+    assert "'bf16'" in summary and "1.19x" in summary and ": steady)" in summary
+    table = markdown_table(rows)
+    assert "| spread |" in table and "peer: timm:vit bf16+compile (repeat)" in table
+    assert "| ratio" not in table  # the ratio row is the caption, not a table row
+
+
+def test_a_disturbed_peer_makes_the_ratio_unsteady(monkeypatch, tmp_path):
+    fake = _FakeChildren([150.0, 250.0], {"fp32": [100.0], "bf16": [300.0, 300.0]})
+    rows = _ladder(monkeypatch, tmp_path, fake)
+    ratio = rows[-1]
+    assert not ratio["steady"] and "peer's two measurements differ by 40.0%" in ratio["reason"]
+    assert ratio["ratio"] == pytest.approx(300.0 / 250.0)
+    assert "NOT STEADY" in peer_summary(rows) and "1.20x" in peer_summary(rows)
+
+
+def test_no_confirmation_when_switched_off_or_when_the_peer_failed(monkeypatch, tmp_path):
+    fake = _FakeChildren([250.0], {"fp32": [100.0], "bf16": [300.0]})
+    rows = _ladder(monkeypatch, tmp_path, fake, confirm=False)
+    assert [r["kind"] for r in rows] == ["ladder", "ladder", "peer"]
+    assert "(same run)" in peer_summary(rows)
+    fake = _FakeChildren([None], {"fp32": [100.0], "bf16": [300.0]})
+    rows = _ladder(monkeypatch, tmp_path / "b", fake)
+    assert [r["kind"] for r in rows] == ["ladder", "ladder", "peer"] and rows[-1]["error"]
+
+
+def test_a_failed_repeat_leaves_the_ratio_unconfirmed(monkeypatch, tmp_path):
+    fake = _FakeChildren([250.0, None], {"fp32": [100.0], "bf16": [300.0, 300.0]})
+    rows = _ladder(monkeypatch, tmp_path, fake)
+    ratio = rows[-1]
+    assert ratio["kind"] == "ratio" and ratio["ratio"] is None and not ratio["steady"]
+    assert ratio["reason"] == ("not confirmed: the repeat of peer failed (process exited "
+                               "with 1: boom)")
+    assert "1.20x the peer's 250.0 (same run; not confirmed" in peer_summary(rows)
+
+
+def test_cli_has_the_switch():
+    from fasttrain.cli import build_parser
+
+    args = build_parser().parse_args(["ladder", "vit", "--peer", "--no-confirm"])
+    assert args.peer and not args.confirm
+    assert build_parser().parse_args(["ladder", "vit", "--peer"]).confirm
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="subprocess rows")
+def test_train_rows_carry_their_spread(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fasttrain", "train", "vit", "--device", "cpu",
+                           "--steps", "4", "--warmup", "1"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    start = proc.stdout.index("{")
+    row = json.loads(proc.stdout[start:proc.stdout.rindex("}") + 1])
+    assert set(row["spread"]) == {"iqr_rel", "range_rel", "steady"}
