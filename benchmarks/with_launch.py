@@ -1,11 +1,11 @@
 """Run a fasttrain command with launch settings of a kernel module changed, for A/B runs of a
-setting that is not a recipe switch (an erf implementation, a tile size):
+setting that is not a recipe switch (a tile size, warps, programs per SM):
 
-    python3 benchmarks/with_launch.py activations erf=libdevice -- train swin --recipe F.toml
+    python3 benchmarks/with_launch.py window_attention programs_per_sm=4 -- train swin --recipe F.toml
 
-sets ``fasttrain.kernels.activations.LAUNCH["erf"] = "libdevice"`` (values are parsed as
-Python literals where they are one: ints, floats, booleans) and then runs ``fasttrain train swin
---recipe F.toml`` in the same process. The row it prints is the command's own; say which
+sets ``fasttrain.kernels.window_attention.LAUNCH["programs_per_sm"] = 4`` (values are parsed
+as Python literals where they are one: ints, floats, booleans) and then runs ``fasttrain train
+swin --recipe F.toml`` in the same process. The row it prints is the command's own; say which
 setting it ran with where you keep it.
 """
 from __future__ import annotations

@@ -58,7 +58,7 @@ def test_the_disturbed_peer_of_the_h200_run_is_caught():
     peer = [_row("peer", 1216.8, "peer", iqr=0.12), _row("peer (repeat)", 1728.5, "peer")]
     r = confirmed_ratio(ours, peer)
     assert not r["steady"] and r["repeat_disagreement"]["peer"] > REPEAT_TOLERANCE
-    assert "peer's two measurements differ by 29.6%" in r["reason"]
+    assert "the peer's two measurements differ by 29.6%" in r["reason"]
     assert "peer: step times spread 12.0%" in r["reason"]
     assert r["ratio"] == pytest.approx(2779.0 / 1728.5)  # not 2.28x
 
@@ -132,7 +132,7 @@ def test_a_disturbed_peer_makes_the_ratio_unsteady(monkeypatch, tmp_path):
     fake = _FakeChildren([150.0, 250.0], {"fp32": [100.0], "bf16": [300.0, 300.0]})
     rows = _ladder(monkeypatch, tmp_path, fake)
     ratio = rows[-1]
-    assert not ratio["steady"] and "peer's two measurements differ by 40.0%" in ratio["reason"]
+    assert not ratio["steady"] and "the peer's two measurements differ by 40.0%" in ratio["reason"]
     assert ratio["ratio"] == pytest.approx(300.0 / 250.0)
     assert "NOT STEADY" in peer_summary(rows) and "1.20x" in peer_summary(rows)
 

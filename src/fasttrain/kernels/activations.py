@@ -22,9 +22,7 @@ Numerics
     GELU (as ``gelu(x.float() + bias.float())``, which is what PyTorch computes for bf16 x and
     an fp32 bias, but one rounding fewer than bf16 x + bf16 bias in PyTorch). bias may be
     fp32 while x is bf16/fp16 (autocast style); its gradient is summed in fp32 from the
-    unrounded dx and comes back in bias's own dtype. ``approximate="none"`` uses erf, by
-    default a branch-free rational fit (``_erf``, within 3.2e-7 of erf in fp32; libdevice's
-    erff is within about 1e-7) because the kernels are bound by erf's arithmetic;
+    unrounded dx and comes back in bias's own dtype. ``approximate="none"`` uses erf;
     ``"tanh"`` uses ``0.5·z·(1 + tanh(u)) = z·sigmoid(2u)``, and every sigmoid here is taken
     as ``1/(1+e)`` or ``e/(1+e)`` with ``e = exp(-|a|) ≤ 1``, so nothing overflows; ``1 - s``
     is the other of the two quotients rather than a subtraction, so the gradients keep their
@@ -81,35 +79,8 @@ def _sigmoid(a):
     return tl.where(pos, r, e * r), tl.where(pos, e * r, r)
 
 
-# erf(x) ≈ x·P(x²)/Q(x²) on [-4, 4], ±1 beyond (erf(4) = 1 - 1.5e-8 rounds to 1 in fp32): a
-# rational fit by iteratively reweighted least squares over [0, 4] in float64 (max error
-# 2.1e-8), 3.2e-7 evaluated in fp32 as below (libdevice's erff: about 1e-7). Ten FMAs and one
-# fast division, no branch: libdevice's erff takes two polynomial branches and an exp2, and
-# a warp with inputs on both sides of |x| = 1 runs both; GELU's forward and backward are
-# bound by that arithmetic rather than by memory (kernels-micro rows).
-_ERF_P = (1.128378987312317, 0.19624945521354675, 0.053467560559511185, 0.004003672394901514,
-          0.0002880424144677818, 1.974828819584218e-06)
-_ERF_Q = (0.5072526931762695, 0.1164766401052475, 0.015444476157426834, 0.001216367119923234,
-          3.7480906030396e-05)
-_P0, _P1, _P2, _P3, _P4, _P5 = (tl.constexpr(c) for c in _ERF_P)
-_Q1, _Q2, _Q3, _Q4, _Q5 = (tl.constexpr(c) for c in _ERF_Q)
-
-
 @triton.jit
-def _erf(x, ERF: tl.constexpr):
-    """erf(x) in fp32: ERF 0 libdevice's erff, 1 the rational fit above."""
-    if ERF == 0:
-        return tl.math.erf(x)
-    else:
-        x = tl.minimum(tl.maximum(x, -4.0), 4.0)
-        t = x * x
-        p = ((((_P5 * t + _P4) * t + _P3) * t + _P2) * t + _P1) * t + _P0
-        q = ((((_Q5 * t + _Q4) * t + _Q3) * t + _Q2) * t + _Q1) * t + 1.0
-        return tl.minimum(tl.maximum(tl.fdiv(x * p, q, ieee_rounding=False), -1.0), 1.0)
-
-
-@triton.jit
-def _gelu_and_grad(z, TANH: tl.constexpr, ERF: tl.constexpr):
+def _gelu_and_grad(z, TANH: tl.constexpr):
     """(gelu(z), d gelu / dz) in fp32."""
     if TANH:
         inner = _SQRT_2_PI * (z + _TANH_C * z * z * z)
@@ -117,14 +88,14 @@ def _gelu_and_grad(z, TANH: tl.constexpr, ERF: tl.constexpr):
         d_inner = _SQRT_2_PI * (1.0 + 3.0 * _TANH_C * z * z)
         return z * s, s + 2.0 * z * s * one_minus_s * d_inner
     else:
-        cdf = 0.5 * (1.0 + _erf(z * _SQRT1_2, ERF))
+        cdf = 0.5 * (1.0 + tl.math.erf(z * _SQRT1_2))
         pdf = tl.exp(-0.5 * z * z) * _INV_SQRT_2PI
         return z * cdf, cdf + z * pdf
 
 
 @triton.jit
 def _bias_gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, D,
-                          HAS_BIAS: tl.constexpr, TANH: tl.constexpr, ERF: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
                           BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -134,13 +105,13 @@ def _bias_gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, D,
     z = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
         z += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    y, _ = _gelu_and_grad(z, TANH, ERF)
+    y, _ = _gelu_and_grad(z, TANH)
     tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, db_ptr, n_rows, D, rows_per_prog,
-                          HAS_BIAS: tl.constexpr, TANH: tl.constexpr, ERF: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
                           BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -158,7 +129,7 @@ def _bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, db_ptr, n_rows, D, rows_
         if HAS_BIAS:
             z += b
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        _, grad = _gelu_and_grad(z, TANH, ERF)
+        _, grad = _gelu_and_grad(z, TANH)
         dz = dy * grad  # 0 where masked (dy = 0, grad finite)
         tl.store(dx_ptr + off, dz.to(dx_ptr.dtype.element_ty), mask=mask)
         db += dz
@@ -195,20 +166,12 @@ def _swiglu_bwd_kernel(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n, BLOCK: tl.conste
 _TILE = 4096  # elements per program (bias_gelu tile, swiglu block)
 _MAX_BLOCK_D = 1024  # columns of a bias_gelu tile
 _WARPS = 8  # 16 elements per thread: two 16-byte loads per tensor in bf16
-LAUNCH = {"erf": "rational"}  # "rational" (_erf's fit) or "libdevice" (erff); micro-benchmarked
 
 
 def _tile(d: int) -> tuple[int, int]:
     """(BLOCK_R, BLOCK_D) of the bias_gelu tiles: up to 1024 columns, 4096 elements."""
     block_d = min(triton.next_power_of_2(d), _MAX_BLOCK_D, _TILE)
     return _TILE // block_d, block_d
-
-
-def _erf_mode() -> int:
-    modes = {"libdevice": 0, "rational": 1}
-    if LAUNCH["erf"] not in modes:
-        raise ValueError(f"LAUNCH['erf'] must be 'libdevice' or 'rational', got {LAUNCH['erf']!r}")
-    return modes[LAUNCH["erf"]]
 
 
 def _grid_bwd(device: torch.device, rows: int, d: int, block_r: int, block_d: int
@@ -232,7 +195,7 @@ def _bias_gelu_fwd(x: torch.Tensor, bias: Optional[torch.Tensor], approximate: s
     if rows > 0:
         launch(_bias_gelu_fwd_kernel, (triton.cdiv(rows, block_r), triton.cdiv(d, block_d)),
                x, x if bias is None else bias, y, rows, d,
-               HAS_BIAS=bias is not None, TANH=approximate == "tanh", ERF=_erf_mode(),
+               HAS_BIAS=bias is not None, TANH=approximate == "tanh",
                BLOCK_R=block_r, BLOCK_D=block_d, num_warps=_WARPS)
     return y
 
@@ -249,7 +212,7 @@ def _bias_gelu_bwd(dy: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tenso
     if rows > 0:
         launch(_bias_gelu_bwd_kernel, (progs, col_blocks),
                dy, x, x if bias is None else bias, dx, dx if bias is None else db, rows, d, per,
-               HAS_BIAS=bias is not None, TANH=approximate == "tanh", ERF=_erf_mode(),
+               HAS_BIAS=bias is not None, TANH=approximate == "tanh",
                BLOCK_R=block_r, BLOCK_D=block_d, num_warps=_WARPS)
     return dx, db.sum(0)
 

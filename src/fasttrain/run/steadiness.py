@@ -72,7 +72,8 @@ def confirmed_ratio(ours: list[dict], peer: list[dict]) -> dict[str, Any] | None
     a = [r["throughput"] for r in ours]
     b = [r["throughput"] for r in peer]
     dev = {"ours": _disagreement(ours), "peer": _disagreement(peer)}
-    reasons = [f"{side}'s two measurements differ by {d:.1%} "
+    names = {"ours": "fasttrain", "peer": "the peer"}
+    reasons = [f"{names[side]}'s two measurements differ by {d:.1%} "
                f"({', '.join(f'{x:,.1f}' for x in (a if side == 'ours' else b))})"
                for side, d in dev.items() if d > REPEAT_TOLERANCE]
     for r in (*ours, *peer):
