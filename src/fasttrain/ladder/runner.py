@@ -15,7 +15,7 @@ from ..env import environment
 from ..errors import FasttrainError
 from ..recipe import Recipe
 from ..run.parity import compare
-from ..run.steadiness import confirmed_ratio
+from ..run.steadiness import REPEAT_TOLERANCE, confirmed_ratio
 from ..techniques import allocator, unmet_requirements
 from ..workloads import load_workload
 from .rungs import FastSearch, Rung, build_ladder
@@ -163,7 +163,8 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
     env = environment(spec.device)
     rows, ref, prev = [], None, None
     recipes: dict[str, Recipe] = {}
-    # the search adds one rung per switch; the peer one, its confirmation two
+    # the search adds one rung per switch; the peer one, its confirmation two (four with
+    # tie-breakers, which the count leaves out)
     total = len(plan) + (len(search.axes) if search else 0) + (
         (3 if spec.confirm else 1) if spec.peer else 0)
     with tempfile.TemporaryDirectory(prefix="fasttrain-ladder-") as tmp:
@@ -223,29 +224,27 @@ def _best(rows: list[dict], search: FastSearch | None) -> dict | None:
 
 
 def _confirm(spec, wl, env, workdir, rows, best, recipe, ref, peer, on_start, on_row, i, total):
-    """Measure the peer and the best rung once more, in that order (each in a fresh process),
-    and append a ``kind: ratio`` row: ours, peer, peer, ours (A B B A), so that a disturbance
-    of one measurement or a drift of the machine shows as disagreeing repeats instead of a
-    wrong ratio (fasttrain.run.steadiness)."""
-    peer2 = _peer_row(spec, wl, env, workdir, ref, on_start, i, total, repeat=True)
-    _emit(spec, rows, peer2, on_row, i, total)
-    name = f"{best['rung']} (repeat)"
-    if on_start:
-        on_start(name, i + 1, total)
-    t0 = time.perf_counter()
-    again = {"kind": "ladder", "workload": spec.workload, "size": spec.size, "rung": name,
-             "repeat_of": best["rung"], "comment": "measured again after the peer's repeat "
-             "(ours, peer, peer, ours)", "recipe": recipe.to_dict(), "parity": None,
-             **run_rung(spec, name, recipe, workdir)}
-    again.update(wall_s=time.perf_counter() - t0, env=env)
-    if not again.get("error"):
-        again = finish_row(again, ref, recipe.precision)
-        again["parity"] = {**compare(again["losses"], best["losses"], recipe.precision),
-                           "against": best["rung"]}
-    _emit(spec, rows, again, on_row, i + 1, total)
-    ratio = confirmed_ratio([best, again], [peer, peer2])
+    """Measure the peer and the best rung once more, in that order (each in a fresh process):
+    ours, peer, peer, ours (A B B A), then a third measurement of a side whose two disagree
+    by more than REPEAT_TOLERANCE; append a ``kind: ratio`` row (fasttrain.run.steadiness), so
+    that a disturbed measurement or a drift of the machine shows up instead of a wrong ratio."""
+    ours, peers = [best], [peer]
+    peers.append(_peer_row(spec, wl, env, workdir, ref, on_start, i, total, repeat=1))
+    _emit(spec, rows, peers[-1], on_row, i, total)
+    ours.append(_rerun(spec, env, workdir, best, recipe, ref, on_start, i + 1, total, 1))
+    _emit(spec, rows, ours[-1], on_row, i + 1, total)
+    ratio = confirmed_ratio(ours, peers)
+    if ratio is not None and not ratio["steady"]:  # a tie-breaker for each side that disagrees
+        if ratio["repeat_disagreement"]["peer"] > REPEAT_TOLERANCE:
+            peers.append(_peer_row(spec, wl, env, workdir, ref, on_start, i + 1, total,
+                                   repeat=2))
+            _emit(spec, rows, peers[-1], on_row, i + 1, total)
+        if ratio["repeat_disagreement"]["ours"] > REPEAT_TOLERANCE:
+            ours.append(_rerun(spec, env, workdir, best, recipe, ref, on_start, i + 1, total, 2))
+            _emit(spec, rows, ours[-1], on_row, i + 1, total)
+        ratio = confirmed_ratio(ours, peers)
     if ratio is None:
-        failed = next(r for r in (peer2, again) if r.get("error") or not r.get("throughput"))
+        failed = next(r for r in (*peers, *ours) if r.get("error") or not r.get("throughput"))
         ratio = {"ratio": None, "steady": False,
                  "reason": f"not confirmed: the repeat of {failed.get('repeat_of')} failed "
                            f"({failed.get('error')})"}
@@ -255,23 +254,46 @@ def _confirm(spec, wl, env, workdir, rows, best, recipe, ref, peer, on_start, on
     _emit(spec, rows, row, on_row, i + 1, total)
 
 
-def _peer_row(spec, wl, env, workdir, ref, on_start, i, total, repeat: bool = False) -> dict:
+def _repeat_label(n: int) -> str:
+    return "(repeat)" if n == 1 else f"(repeat {n})"
+
+
+def _rerun(spec, env, workdir, best, recipe, ref, on_start, i, total, n: int) -> dict:
+    """The best rung measured again (its ``n``-th repeat), parity against its first run."""
+    name = f"{best['rung']} {_repeat_label(n)}"
     if on_start:
-        on_start("peer (repeat)" if repeat else "peer", i, total)
-    out = workdir / ("peer-repeat.jsonl" if repeat else "peer.jsonl")
+        on_start(name, i, total)
+    t0 = time.perf_counter()
+    again = {"kind": "ladder", "workload": spec.workload, "size": spec.size, "rung": name,
+             "repeat_of": best["rung"], "comment": "measured again to confirm the ratio to the "
+             "peer (ours, peer, peer, ours)", "recipe": recipe.to_dict(), "parity": None,
+             **run_rung(spec, name, recipe, workdir)}
+    again.update(wall_s=time.perf_counter() - t0, env=env)
+    if not again.get("error"):
+        again = finish_row(again, ref, recipe.precision)
+        again["parity"] = {**compare(again["losses"], best["losses"], recipe.precision),
+                           "against": best["rung"]}
+    return again
+
+
+def _peer_row(spec, wl, env, workdir, ref, on_start, i, total, repeat: int = 0) -> dict:
+    """The peer's row (its ``repeat``-th repeat when > 0)."""
+    label = f" {_repeat_label(repeat)}" if repeat else ""
+    if on_start:
+        on_start(f"peer{label}", i, total)
+    out = workdir / f"peer{repeat or ''}.jsonl"
     batch = spec.base.batch or wl.default_batch
     args = [spec.workload, "--size", spec.size, "--batch", str(batch), "--steps",
             str(spec.steps), "--warmup", str(spec.warmup), "--out", str(out)]
     args += ["--device", spec.device] + (["--tiny"] if spec.size == "tiny" else [])
-    err = _run_child("fasttrain.peers", args, spec.rung_timeout,
-                     workdir / ("peer-repeat.log" if repeat else "peer.log"))
+    err = _run_child("fasttrain.peers", args, spec.rung_timeout, workdir / f"peer{repeat or ''}.log")
     lines = out.read_text().splitlines() if out.exists() else []
     row = json.loads(lines[-1]) if lines else {"kind": "peer", "workload": spec.workload,
                                                 "size": spec.size, "rung": "peer"}
     if err and not row.get("error"):
         row["error"] = err
     if repeat:
-        row["repeat_of"], row["rung"] = row.get("rung"), f"{row.get('rung')} (repeat)"
+        row["repeat_of"], row["rung"] = row.get("rung"), f"{row.get('rung')}{label}"
     row["env"] = env
     if ref and not row.get("error"):
         row["speedup"] = ref["step_time_s"] / row["step_time_s"] * row["batch"] / ref["batch"]

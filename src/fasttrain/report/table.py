@@ -46,7 +46,7 @@ def row_cells(row: dict) -> list[str]:
     name = row.get("rung") or "?"
     if row.get("kind") == "peer":
         name = f"peer: {row.get('peer', 'public code')}" + (
-            " (repeat)" if row.get("repeat_of") else "")
+            str(row.get("rung", ""))[len(row["repeat_of"]):] if row.get("repeat_of") else "")
     if row.get("error"):
         return [name, str(row.get("batch", "–")), "–", "–", "–", "–", "–", "–", "–", "✗",
                 f"error: {row['error']}"]
@@ -85,10 +85,12 @@ def peer_summary(rows: list[dict]) -> str | None:
     a, b = confirmed["ours_throughput"], confirmed["peer_throughput"]
     verdict = "steady" if confirmed["steady"] else (
         f"⚠ NOT STEADY: {confirmed['reason']}; measure again before quoting it")
+    def each(xs):
+        return ", ".join(f"{x:,.1f}" for x in xs)
+
     return (f"best fasttrain rung '{best['rung']}': {max(a):,.1f} {unit} = "
-            f"{confirmed['ratio']:.2f}x the peer's {max(b):,.1f} (best of two each, measured "
-            f"ours {a[0]:,.1f}, peer {b[0]:,.1f}, peer {b[1]:,.1f}, ours {a[1]:,.1f} in one run: "
-            f"{verdict}); {memory}")
+            f"{confirmed['ratio']:.2f}x the peer's {max(b):,.1f} (the best of each side's runs "
+            f"in one run, ours {each(a)}, the peer's {each(b)}: {verdict}); {memory}")
 
 
 def fast_summary(rows: list[dict]) -> str | None:
