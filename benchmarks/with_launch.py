@@ -31,8 +31,25 @@ def main(argv: list[str]) -> int:
             module.LAUNCH[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             module.LAUNCH[key] = value
-    from fasttrain.cli import main as fasttrain
+    from fasttrain.cli import build_parser, main as fasttrain
 
+    args = build_parser().parse_args(argv[cut + 1:])
+    if args.command not in ("train", "profile") or args.nproc > 1 or args.nnodes > 1:
+        print("with_launch.py runs `fasttrain train` or `fasttrain profile` in one process: "
+              "ladder rungs and torchrun ranks are fresh processes that would not see the "
+              "settings", file=sys.stderr)
+        return 2
+    from fasttrain.errors import FasttrainError
+    from fasttrain.recipe import Recipe, load_toml, parse_sets
+
+    try:
+        recipe = (load_toml(args.recipe) if args.recipe else Recipe()).replace(
+            **parse_sets(args.set))
+    except FasttrainError:
+        recipe = Recipe()  # fasttrain itself reports the mistake, in one line
+    if recipe.compile_cache:
+        print("warning: compile_cache's artifacts do not depend on LAUNCH settings; a cache "
+              "written with other settings would run them", file=sys.stderr)
     return fasttrain(argv[cut + 1:])
 
 

@@ -13,7 +13,8 @@ from fasttrain.ladder import runner
 from fasttrain.ladder.runner import LadderSpec, run_ladder
 from fasttrain.recipe import Recipe
 from fasttrain.report.table import markdown_table, peer_summary
-from fasttrain.run.steadiness import REPEAT_TOLERANCE, UNSTEADY_IQR, confirmed_ratio, spread
+from fasttrain.run.steadiness import (REPEAT_TOLERANCE, UNSTEADY_IQR, confirmed_ratio,
+                                      needs_another, spread)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,10 +58,14 @@ def test_the_disturbed_peer_of_the_h200_run_is_caught():
     ours = [_row("swin-base-layernorm", 2775.9), _row("swin-base-layernorm (repeat)", 2779.0)]
     peer = [_row("peer", 1216.8, "peer", iqr=0.12), _row("peer (repeat)", 1728.5, "peer")]
     r = confirmed_ratio(ours, peer)
-    assert not r["steady"] and r["repeat_disagreement"]["peer"] > REPEAT_TOLERANCE
-    assert "the peer's two fastest measurements differ by 29.6%" in r["reason"]
+    assert not r["steady"] and r["repeat_disagreement"]["peer"] is None
+    assert "the peer has 1 of 2 runs with steady steps, not two to compare" in r["reason"]
     assert "peer: step times spread 12.0%" in r["reason"]
     assert r["ratio"] == pytest.approx(2779.0 / 1728.5)  # not 2.28x
+    peer = [_row("peer", 1728.5, "peer"), _row("peer (repeat)", 1216.8, "peer")]
+    r = confirmed_ratio(ours, peer)  # steady steps, a whole run off: the repeats disagree
+    assert not r["steady"] and r["repeat_disagreement"]["peer"] > REPEAT_TOLERANCE
+    assert "the peer's two fastest steady runs differ by 29.6% (1,728.5, 1,216.8)" in r["reason"]
 
 
 def test_a_third_measurement_that_agrees_with_the_best_confirms_it():
@@ -72,10 +77,12 @@ def test_a_third_measurement_that_agrees_with_the_best_confirms_it():
     r = confirmed_ratio(ours, peer)
     assert r["steady"] and r["ratio"] == pytest.approx(2789.5 / 1749.7)
     assert r["peer_throughput"] == [1749.7, 1331.5, 1741.0]
+    assert needs_another(peer[:2]) and not needs_another(peer)
     # three slow, scattered measurements agreeing with each other are still unsteady
     slow = [_row(f"peer {i}", t, "peer", iqr=0.15) for i, t in enumerate((1298.5, 1131.6, 1290))]
     r = confirmed_ratio(ours, slow)
     assert not r["steady"] and "peer 0: step times spread 15.0%" in r["reason"]
+    assert "the peer has 0 of 3 runs with steady steps" in r["reason"]
 
 
 def test_confirmed_ratio_needs_two_measurements_of_each_side():
@@ -86,20 +93,30 @@ def test_confirmed_ratio_needs_two_measurements_of_each_side():
 
 
 class _FakeChildren:
-    """Stand-ins for the rung and peer processes: rows with throughputs and losses."""
+    """Stand-ins for the rung and peer processes: rows with throughputs, losses and step times
+    (``(throughput, iqr)`` pairs give a row scattered steps)."""
 
-    def __init__(self, peer_throughputs: list[float], ours: dict[str, list[float]]):
-        self.peer = list(peer_throughputs)
+    def __init__(self, peer: list, ours: dict[str, list]):
+        self.peer = list(peer)
         self.ours = {k: list(v) for k, v in ours.items()}
         self.order: list[str] = []
 
+    @staticmethod
+    def _times(t):
+        t, iqr = t if isinstance(t, tuple) else (t, 0.0)
+        mid = 8 / t
+        return t, [mid * (1 - iqr), mid * (1 - iqr / 3), mid, mid * (1 + iqr / 3),
+                   mid * (1 + iqr)]
+
     def run_rung(self, spec, name, recipe, workdir):
         self.order.append(name)
-        base = name.split(" (repeat")[0]
-        t = self.ours[base].pop(0)
-        return {"batch": 8, "steps": 4, "step_time_s": 8 / t, "throughput": t,
+        t = self.ours[name.split(" (repeat")[0]].pop(0)
+        if t is None:
+            return {"error": "out of memory: boom"}
+        t, times = self._times(t)
+        return {"batch": 8, "steps": 5, "step_time_s": 8 / t, "throughput": t,
                 "throughput_unit": "img/s", "losses": [2.0, 1.9, 1.8, 1.7], "error": None,
-                "spread": spread([8 / t] * 4)}
+                "spread": spread(times), "recipe": recipe.to_dict()}
 
     def run_child(self, module, args, timeout, log, extra_env=None, nproc=1):
         assert module == "fasttrain.peers"
@@ -107,30 +124,33 @@ class _FakeChildren:
         t = self.peer.pop(0)
         if t is None:
             return "process exited with 1: boom"
+        t, times = self._times(t)
         row = {"kind": "peer", "peer": "timm:vit bf16+compile", "rung": "peer bf16+compile",
                "batch": 8, "step_time_s": 8 / t, "throughput": t, "throughput_unit": "img/s",
-               "error": None, "spread": spread([8 / t] * 4)}
+               "error": None, "spread": spread(times)}
         out = Path(args[args.index("--out") + 1])
         out.write_text(json.dumps(row) + "\n")
         return None
 
 
-def _ladder(monkeypatch, tmp_path, fake, **kw):
+def _ladder(monkeypatch, tmp_path, fake, rungs=("fp32", "bf16"), **kw):
     monkeypatch.setattr(runner, "run_rung", fake.run_rung)
     monkeypatch.setattr(runner, "_run_child", fake.run_child)
-    spec = LadderSpec(workload="vit", size="tiny", rungs=["fp32", "bf16"], steps=4, warmup=1,
+    spec = LadderSpec(workload="vit", size="tiny", rungs=list(rungs), steps=4, warmup=1,
                       device="cpu", base=Recipe(), peer=True, out=tmp_path / "rows.jsonl", **kw)
     return run_ladder(spec)
 
 
-def test_the_ladder_measures_ours_peer_peer_ours(monkeypatch, tmp_path):
-    fake = _FakeChildren([250.0, 252.0], {"fp32": [100.0], "bf16": [300.0, 301.0]})
+def test_the_ladder_measures_ours_peer_peer_ours_after_its_rungs(monkeypatch, tmp_path):
+    # the ladder's own bf16 run (330, the fastest of the rungs) is not one of the four
+    fake = _FakeChildren([250.0, 252.0], {"fp32": [100.0], "bf16": [330.0, 300.0, 301.0]})
     rows = _ladder(monkeypatch, tmp_path, fake)
-    assert fake.order == ["fp32", "bf16", "peer", "peer", "bf16 (repeat)"]
+    assert fake.order == ["fp32", "bf16", "bf16 (repeat)", "peer", "peer", "bf16 (repeat 2)"]
     assert [(r["kind"], r["rung"]) for r in rows] == [
-        ("ladder", "fp32"), ("ladder", "bf16"), ("peer", "peer bf16+compile"),
-        ("peer", "peer bf16+compile (repeat)"), ("ladder", "bf16 (repeat)"), ("ratio", "bf16")]
-    again, ratio = rows[4], rows[5]
+        ("ladder", "fp32"), ("ladder", "bf16"), ("ladder", "bf16 (repeat)"),
+        ("peer", "peer bf16+compile"), ("peer", "peer bf16+compile (repeat)"),
+        ("ladder", "bf16 (repeat 2)"), ("ratio", "bf16")]
+    again, ratio = rows[5], rows[6]
     assert again["repeat_of"] == "bf16" and again["parity"]["against"] == "bf16"
     assert again["parity"]["passed"] and again["speedup"] == pytest.approx(3.01)
     assert ratio["ratio"] == pytest.approx(301.0 / 252.0) and ratio["steady"]
@@ -146,9 +166,9 @@ def test_the_ladder_measures_ours_peer_peer_ours(monkeypatch, tmp_path):
 
 
 def test_a_disturbed_peer_is_measured_a_third_time(monkeypatch, tmp_path):
-    fake = _FakeChildren([150.0, 250.0, 248.0], {"fp32": [100.0], "bf16": [300.0, 300.0]})
+    fake = _FakeChildren([150.0, 250.0, 248.0], {"fp32": [100.0], "bf16": [300.0] * 3})
     rows = _ladder(monkeypatch, tmp_path, fake)
-    assert fake.order == ["fp32", "bf16", "peer", "peer", "bf16 (repeat)", "peer"]
+    assert fake.order[2:] == ["bf16 (repeat)", "peer", "peer", "bf16 (repeat 2)", "peer"]
     assert rows[-2]["rung"] == "peer bf16+compile (repeat 2)"
     assert "peer: timm:vit bf16+compile (repeat 2)" in markdown_table(rows)
     ratio = rows[-1]
@@ -157,15 +177,25 @@ def test_a_disturbed_peer_is_measured_a_third_time(monkeypatch, tmp_path):
     assert "the peer's 150.0, 250.0, 248.0: steady" in peer_summary(rows)
 
 
-def test_sides_that_stay_apart_make_the_ratio_unsteady(monkeypatch, tmp_path):
-    fake = _FakeChildren([150.0, 250.0, 200.0], {"fp32": [100.0], "bf16": [300.0, 240.0, 280]})
+def test_scattered_steps_alone_also_get_a_third_run(monkeypatch, tmp_path):
+    # the peer's two runs agree, but the faster one scattered (IQR 12%): a third run settles
+    # it, and the best is the fastest steady run
+    fake = _FakeChildren([(251.0, 0.12), 250.0, 249.0], {"fp32": [100.0], "bf16": [300.0] * 3})
     rows = _ladder(monkeypatch, tmp_path, fake)
-    assert fake.order == ["fp32", "bf16", "peer", "peer", "bf16 (repeat)", "peer",
-                          "bf16 (repeat 2)"]
+    assert fake.order[-1] == "peer" and len(rows[-1]["peer_throughput"]) == 3
+    assert rows[-1]["steady"] and rows[-1]["ratio"] == pytest.approx(300.0 / 250.0)
+
+
+def test_sides_that_stay_apart_make_the_ratio_unsteady(monkeypatch, tmp_path):
+    fake = _FakeChildren([150.0, 250.0, 200.0], {"fp32": [100.0],
+                                                 "bf16": [300.0, 300.0, 240.0, 280.0]})
+    rows = _ladder(monkeypatch, tmp_path, fake)
+    assert fake.order[2:] == ["bf16 (repeat)", "peer", "peer", "bf16 (repeat 2)", "peer",
+                              "bf16 (repeat 3)"]
     ratio = rows[-1]
     assert not ratio["steady"] and ratio["ratio"] == pytest.approx(300.0 / 250.0)
-    assert "the peer's two fastest measurements differ by 20.0%" in ratio["reason"]
-    assert "fasttrain's two fastest measurements differ by 6.7%" in ratio["reason"]
+    assert "the peer's two fastest steady runs differ by 20.0%" in ratio["reason"]
+    assert "fasttrain's two fastest steady runs differ by 6.7%" in ratio["reason"]
     assert "NOT STEADY" in peer_summary(rows) and "1.20x" in peer_summary(rows)
 
 
@@ -174,19 +204,44 @@ def test_no_confirmation_when_switched_off_or_when_the_peer_failed(monkeypatch, 
     rows = _ladder(monkeypatch, tmp_path, fake, confirm=False)
     assert [r["kind"] for r in rows] == ["ladder", "ladder", "peer"]
     assert "(same run)" in peer_summary(rows)
-    fake = _FakeChildren([None], {"fp32": [100.0], "bf16": [300.0]})
+    fake = _FakeChildren([None], {"fp32": [100.0], "bf16": [300.0, 300.0]})
     rows = _ladder(monkeypatch, tmp_path / "b", fake)
-    assert [r["kind"] for r in rows] == ["ladder", "ladder", "peer"] and rows[-1]["error"]
+    assert [r["kind"] for r in rows] == ["ladder", "ladder", "ladder", "peer"]
+    assert rows[-1]["error"] and fake.order[-1] == "peer"
 
 
-def test_a_failed_repeat_leaves_the_ratio_unconfirmed(monkeypatch, tmp_path):
-    fake = _FakeChildren([250.0, None], {"fp32": [100.0], "bf16": [300.0, 300.0]})
+@pytest.mark.parametrize("peer, ours, failed", [
+    ([250.0, None], [300.0] * 3, "peer (repeat) did not run (process exited with 1: boom)"),
+    ([250.0, 250.0], [300.0, 300.0, None], "bf16 (repeat 2) did not run (out of memory: boom)"),
+])
+def test_a_failed_repeat_leaves_the_ratio_unconfirmed(monkeypatch, tmp_path, peer, ours, failed):
+    fake = _FakeChildren(peer, {"fp32": [100.0], "bf16": ours})
     rows = _ladder(monkeypatch, tmp_path, fake)
     ratio = rows[-1]
     assert ratio["kind"] == "ratio" and ratio["ratio"] is None and not ratio["steady"]
-    assert ratio["reason"] == ("not confirmed: the repeat of peer failed (process exited "
-                               "with 1: boom)")
+    assert ratio["reason"].startswith(f"not confirmed: {failed}"), ratio["reason"]
     assert "1.20x the peer's 250.0 (same run; not confirmed" in peer_summary(rows)
+
+
+def test_the_fast_search_keeps_its_candidate_and_the_repeats_are_not_candidates(monkeypatch,
+                                                                                 tmp_path):
+    """The search's kept rung is the one confirmed, even where a repeat measures faster."""
+    from fasttrain.ladder.rungs import pick_fast
+
+    fake = _FakeChildren([250.0, 250.0], {"fp32": [100.0], "fast: compile": [300.0, 303.0, 304.0]})
+    monkeypatch.setattr(runner.FastSearch, "__init__", _one_candidate_search)
+    rows = _ladder(monkeypatch, tmp_path, fake, rungs=["fast"])
+    assert fake.order == ["fp32", "fast: compile", "fast: compile (repeat)", "peer", "peer",
+                          "fast: compile (repeat 2)"]
+    assert pick_fast(rows)["rung"] == "fast: compile" and not pick_fast(rows).get("repeat_of")
+    assert rows[-1]["rung"] == "fast: compile" and rows[-1]["ratio"] == pytest.approx(304 / 250)
+
+
+def _one_candidate_search(self, workload, base):
+    from fasttrain.ladder.rungs import fast_start
+
+    self.start = fast_start(workload, base)
+    self.recipe, self.parts, self._pending, self.axes, self.best = self.start[1], {}, {}, [], None
 
 
 def test_cli_has_the_switch():

@@ -162,7 +162,9 @@ def cmd_ladder(args) -> int:
     if rungs == ["fast"]:
         _write_fast_preset(args.workload, size, rows, out)
     ratio = next((r for r in rows if r.get("kind") == "ratio"), None)
-    if ratio is not None and not ratio["steady"]:
+    if ratio is not None and ratio["ratio"] is None:
+        print(f"warning: the ratio to the peer is {ratio['reason']}")
+    elif ratio is not None and not ratio["steady"]:
         print(f"warning: the ratio to the peer is not steady: {ratio['reason']}; measure again "
               f"before quoting it")
     print(f"rows: {out}")

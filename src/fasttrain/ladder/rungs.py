@@ -182,11 +182,12 @@ class FastSearch:
 
 def pick_fast(rows: list[dict]) -> dict | None:
     """The search's result from its rows, in the order they ran: the last candidate that ran,
-    passed parity and gained ``MIN_GAIN`` over the one kept before it (None if none ran)."""
+    passed parity and gained ``MIN_GAIN`` over the one kept before it (None if none ran);
+    the repeats that confirm the ratio to the peer are not candidates."""
     best = None
     for row in rows:
-        if str(row.get("rung", "")).startswith("fast: ") and _ran_and_passed(row) \
-                and _gains(row, best):
+        if str(row.get("rung", "")).startswith("fast: ") and not row.get("repeat_of") \
+                and _ran_and_passed(row) and _gains(row, best):
             best = row
     return best
 

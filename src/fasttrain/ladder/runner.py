@@ -15,7 +15,7 @@ from ..env import environment
 from ..errors import FasttrainError
 from ..recipe import Recipe
 from ..run.parity import compare
-from ..run.steadiness import REPEAT_TOLERANCE, confirmed_ratio
+from ..run.steadiness import confirmed_ratio, needs_another
 from ..techniques import allocator, unmet_requirements
 from ..workloads import load_workload
 from .rungs import FastSearch, Rung, build_ladder
@@ -162,18 +162,16 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
     wl, plan, search = _plan(spec)
     env = environment(spec.device)
     rows, ref, prev = [], None, None
-    recipes: dict[str, Recipe] = {}
-    # the search adds one rung per switch; the peer one, its confirmation two (four with
-    # tie-breakers, which the count leaves out)
+    # the search adds one rung per switch; the peer one, the confirmation three more (five
+    # with tie-breakers, which the count leaves out)
     total = len(plan) + (len(search.axes) if search else 0) + (
-        (3 if spec.confirm else 1) if spec.peer else 0)
+        (4 if spec.confirm else 1) if spec.peer else 0)
     with tempfile.TemporaryDirectory(prefix="fasttrain-ladder-") as tmp:
         workdir = Path(tmp)
         i = -1
         while i + 1 < len(plan):
             i += 1
             rung, recipe = plan[i]
-            recipes[rung.name] = recipe
             if on_start:
                 on_start(rung.name, i, total)
             base = {"kind": "ladder", "workload": spec.workload, "size": spec.size,
@@ -195,13 +193,13 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
                 if following:
                     plan.insert(i + 1, following)
         if spec.peer:
-            i += 1
-            peer = _peer_row(spec, wl, env, workdir, ref, on_start, i, total)
-            _emit(spec, rows, peer, on_row, i, total)
-            best = _best(rows, search)
-            if spec.confirm and best is not None and not peer.get("error"):
-                _confirm(spec, wl, env, workdir, rows, best, recipes[best["rung"]], ref, peer,
-                         on_start, on_row, i + 1, total)
+            best = _best(rows, search) if spec.confirm else None
+            if best is None:
+                _emit(spec, rows, _peer_row(spec, wl, env, workdir, ref, on_start, i + 1, total),
+                      on_row, i + 1, total)
+            else:
+                _Confirmation(spec, wl, env, workdir, rows, best, ref, on_start, on_row,
+                              i + 1, total).run()
     return rows
 
 
@@ -223,46 +221,72 @@ def _best(rows: list[dict], search: FastSearch | None) -> dict | None:
     return max(ok, key=lambda r: r["throughput"]) if ok else None
 
 
-def _confirm(spec, wl, env, workdir, rows, best, recipe, ref, peer, on_start, on_row, i, total):
-    """Measure the peer and the best rung once more, in that order (each in a fresh process):
-    ours, peer, peer, ours (A B B A), then a third measurement of a side whose two disagree
-    by more than REPEAT_TOLERANCE; append a ``kind: ratio`` row (fasttrain.run.steadiness), so
-    that a disturbed measurement or a drift of the machine shows up instead of a wrong ratio."""
-    ours, peers = [best], [peer]
-    peers.append(_peer_row(spec, wl, env, workdir, ref, on_start, i, total, repeat=1))
-    _emit(spec, rows, peers[-1], on_row, i, total)
-    ours.append(_rerun(spec, env, workdir, best, recipe, ref, on_start, i + 1, total, 1))
-    _emit(spec, rows, ours[-1], on_row, i + 1, total)
-    ratio = confirmed_ratio(ours, peers)
-    if ratio is not None and not ratio["steady"]:  # a tie-breaker for each side that disagrees
-        if ratio["repeat_disagreement"]["peer"] > REPEAT_TOLERANCE:
-            peers.append(_peer_row(spec, wl, env, workdir, ref, on_start, i + 1, total,
-                                   repeat=2))
-            _emit(spec, rows, peers[-1], on_row, i + 1, total)
-        if ratio["repeat_disagreement"]["ours"] > REPEAT_TOLERANCE:
-            ours.append(_rerun(spec, env, workdir, best, recipe, ref, on_start, i + 1, total, 2))
-            _emit(spec, rows, ours[-1], on_row, i + 1, total)
-        ratio = confirmed_ratio(ours, peers)
-    if ratio is None:
-        failed = next(r for r in (*peers, *ours) if r.get("error") or not r.get("throughput"))
-        ratio = {"ratio": None, "steady": False,
-                 "reason": f"not confirmed: the repeat of {failed.get('repeat_of')} failed "
-                           f"({failed.get('error')})"}
-    row = {"kind": "ratio", "workload": spec.workload, "size": spec.size, "rung": best["rung"],
-           "peer": peer.get("peer"), "throughput_unit": best.get("throughput_unit"), **ratio,
-           "env": env}
-    _emit(spec, rows, row, on_row, i + 1, total)
+class _Confirmation:
+    """The peer measured between two fresh runs of the best rung, then once more: ours, peer,
+    peer, ours (A B B A, each in a fresh process), and a third run of a side whose two fastest
+    runs disagree by more than REPEAT_TOLERANCE or scatter; then a ``kind: ratio`` row
+    (fasttrain.run.steadiness). The ladder's own measurement of the best rung is not one of
+    them: it may have run long before, and it was picked as the fastest of several."""
+
+    def __init__(self, spec, wl, env, workdir, rows, best, ref, on_start, on_row, i, total):
+        self.spec, self.wl, self.env, self.workdir, self.rows = spec, wl, env, workdir, rows
+        self.best, self.ref, self.on_start, self.on_row = best, ref, on_start, on_row
+        self.i, self.total = i, total
+        self.ours: list[dict] = []
+        self.peers: list[dict] = []
+
+    def _add(self, row: dict, side: list[dict]) -> None:
+        side.append(row)
+        _emit(self.spec, self.rows, row, self.on_row, self.i, self.total)
+        self.i += 1
+
+    def _ours(self) -> None:
+        if self.on_start:
+            self.on_start(f"{self.best['rung']} {_repeat_label(len(self.ours) + 1)}", self.i,
+                          self.total)
+        self._add(_rerun(self.spec, self.env, self.workdir, self.best, self.ref,
+                         len(self.ours) + 1), self.ours)
+
+    def _peer(self) -> None:
+        self._add(_peer_row(self.spec, self.wl, self.env, self.workdir, self.ref,
+                            self.on_start, self.i, self.total, repeat=len(self.peers)),
+                  self.peers)
+
+    def run(self) -> None:
+        self._ours()
+        self._peer()
+        if self.peers[0].get("error"):
+            return  # no peer, no ratio: its row says why
+        self._peer()
+        self._ours()
+        ratio = confirmed_ratio(self.ours, self.peers)
+        if ratio is not None and not ratio["steady"]:  # a tie-breaker for each side that needs one
+            if needs_another(self.peers):
+                self._peer()
+            if needs_another(self.ours):
+                self._ours()
+            ratio = confirmed_ratio(self.ours, self.peers)
+        if ratio is None:
+            failed = next((r for r in (*self.ours, *self.peers)
+                           if r.get("error") or not r.get("throughput")), {})
+            ratio = {"ratio": None, "steady": False,
+                     "reason": f"not confirmed: {failed.get('rung', 'a repeat')} did not run "
+                               f"({failed.get('error') or 'no throughput'})"}
+        best, peer = self.best, self.peers[0]
+        row = {"kind": "ratio", "workload": self.spec.workload, "size": self.spec.size,
+               "rung": best["rung"], "peer": peer.get("peer"),
+               "throughput_unit": best.get("throughput_unit"), **ratio, "env": self.env}
+        _emit(self.spec, self.rows, row, self.on_row, self.i, self.total)
 
 
 def _repeat_label(n: int) -> str:
     return "(repeat)" if n == 1 else f"(repeat {n})"
 
 
-def _rerun(spec, env, workdir, best, recipe, ref, on_start, i, total, n: int) -> dict:
-    """The best rung measured again (its ``n``-th repeat), parity against its first run."""
+def _rerun(spec, env, workdir, best, ref, n: int) -> dict:
+    """The best rung measured again (its ``n``-th repeat), parity against its ladder run."""
+    recipe = Recipe().replace(**best["recipe"])
     name = f"{best['rung']} {_repeat_label(n)}"
-    if on_start:
-        on_start(name, i, total)
     t0 = time.perf_counter()
     again = {"kind": "ladder", "workload": spec.workload, "size": spec.size, "rung": name,
              "repeat_of": best["rung"], "comment": "measured again to confirm the ratio to the "

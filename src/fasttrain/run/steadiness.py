@@ -13,11 +13,11 @@ Two ways a GPU timing goes wrong without an error:
 
 ``confirmed_ratio`` takes the two sides of a comparison measured twice each, in the order
 A B B A (ours, peer, peer again, ours again; each in a fresh process), so that a slow drift of
-the machine weighs on both sides alike, and a third time where a side's two disagree. The ratio
-it quotes is best against best — each side's fastest measurement, since disturbances only ever
-slow a run down — and it calls the ratio steady when each side's two fastest measurements agree
-within ``REPEAT_TOLERANCE`` and neither has unsteady step times. What no repeat can catch is a
-disturbance that slows every measurement of a side alike and evenly.
+the machine weighs on both sides alike, and a third time where a side is not yet confirmed. A
+side is confirmed by two runs with steady steps that agree within ``REPEAT_TOLERANCE``. The
+ratio it quotes is best against best — each side's fastest steady run, since disturbances only
+ever slow a run down — and it is steady when both sides are confirmed. What no repeat can catch
+is a disturbance that slows every run of a side alike and evenly.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from statistics import median, quantiles
 from typing import Any
 
 __all__ = ["UNSTEADY_IQR", "REPEAT_TOLERANCE", "spread", "confirmed_ratio", "disagreement",
-           "fastest_two"]
+           "fastest_two", "needs_another"]
 
 UNSTEADY_IQR = 0.05
 """Interquartile range of the step times over their median above which a row is unsteady. On
@@ -58,6 +58,10 @@ def _usable(row: dict) -> bool:
         and bool(row.get("throughput"))
 
 
+def _steady(row: dict) -> bool:
+    return (row.get("spread") or {}).get("steady", True)
+
+
 def fastest_two(rows: list[dict]) -> list[dict]:
     """The two fastest of a side's measurements: the pair whose agreement confirms its best
     (a disturbance slows a run down; it does not make two runs agree on a faster time)."""
@@ -70,32 +74,55 @@ def disagreement(rows: list[dict]) -> float:
     return (a - b) / a
 
 
+def _side(rows: list[dict], name: str) -> tuple[float, float | None, list[str]]:
+    """(best throughput, disagreement of the two fastest steady runs, reasons it is not
+    confirmed). A side is confirmed by two runs with steady steps that agree within
+    ``REPEAT_TOLERANCE``; its best is then the faster of its steady runs. Unconfirmed, its best
+    is its fastest run, whatever its steps."""
+    usable = [r for r in rows if _usable(r)]
+    steady = [r for r in usable if _steady(r)]
+    reasons = [f"{r.get('rung', '?')}: step times spread {r['spread']['iqr_rel']:.1%} "
+               f"(interquartile range over median)" for r in usable if not _steady(r)]
+    if len(steady) < 2:
+        return (max(r["throughput"] for r in usable), None,
+                [f"{name} has {len(steady)} of {len(usable)} runs with steady steps, not two "
+                 f"to compare", *reasons])
+    d = disagreement(steady)
+    if d > REPEAT_TOLERANCE:
+        shown = ", ".join(f"{r['throughput']:,.1f}" for r in steady)
+        return (max(r["throughput"] for r in usable), d,
+                [f"{name}'s two fastest steady runs differ by {d:.1%} ({shown})", *reasons])
+    return max(r["throughput"] for r in steady), d, []
+
+
+def needs_another(rows: list[dict]) -> bool:
+    """Whether a side's measurements leave its best unconfirmed (see ``_side``); False when
+    fewer than two of them ran at all (a failed run: another would not tell more)."""
+    if len([r for r in rows if _usable(r)]) < 2:
+        return False
+    return bool(_side(rows, "")[2])
+
+
 def confirmed_ratio(ours: list[dict], peer: list[dict]) -> dict[str, Any] | None:
     """The ratio of two sides measured at least twice each (ours, peer, peer, ours, then a
-    tie-breaker for a side whose two measurements disagree): ``ours`` and ``peer`` are rows
-    with ``throughput``, in the order they ran. None unless each side has two that ran.
+    tie-breaker for a side that needs one): ``ours`` and ``peer`` are rows with
+    ``throughput``, in the order they ran. None unless each side has two that ran.
 
-    Returns ``ratio`` (best of ours over the best of the peer's), ``ratio_mean`` (the means'
-    ratio over all measurements), the throughputs, how far each side's two fastest disagree,
-    and ``steady`` with the ``reason`` when it is not: a side's two fastest differ by more than
-    ``REPEAT_TOLERANCE``, or one of them has unsteady step times."""
+    Returns ``ratio`` (each side's best: the faster of its steady runs once two of them agree
+    within ``REPEAT_TOLERANCE``, else its fastest run), ``ratio_mean`` (the means' ratio over
+    all runs), the throughputs, how far each side's two fastest steady runs disagree, and
+    ``steady`` — both sides confirmed — with the ``reason`` when it is not."""
     ours = [r for r in ours if _usable(r)]
     peer = [r for r in peer if _usable(r)]
     if len(ours) < 2 or len(peer) < 2:
         return None
     a = [r["throughput"] for r in ours]
     b = [r["throughput"] for r in peer]
-    dev = {"ours": disagreement(ours), "peer": disagreement(peer)}
-    names = {"ours": "fasttrain", "peer": "the peer"}
-    reasons = [f"{names[side]}'s two fastest measurements differ by {d:.1%} "
-               f"({', '.join(f'{x:,.1f}' for x in (a if side == 'ours' else b))})"
-               for side, d in dev.items() if d > REPEAT_TOLERANCE]
-    for r in (*fastest_two(ours), *fastest_two(peer)):
-        s = r.get("spread")
-        if s and not s.get("steady", True):
-            reasons.append(f"{r.get('rung', '?')}: step times spread {s['iqr_rel']:.1%} "
-                           f"(interquartile range over median)")
-    return {"ratio": max(a) / max(b), "ratio_mean": (sum(a) / len(a)) / (sum(b) / len(b)),
-            "ours_throughput": a, "peer_throughput": b, "repeat_disagreement": dev,
-            "order": "ours, peer, peer, ours, then a third of a side whose two disagreed",
+    best_a, dev_a, why_a = _side(ours, "fasttrain")
+    best_b, dev_b, why_b = _side(peer, "the peer")
+    reasons = why_a + why_b
+    return {"ratio": best_a / best_b, "ratio_mean": (sum(a) / len(a)) / (sum(b) / len(b)),
+            "ours_throughput": a, "peer_throughput": b,
+            "repeat_disagreement": {"ours": dev_a, "peer": dev_b},
+            "order": "ours, peer, peer, ours, then a third run of a side not yet confirmed",
             "steady": not reasons, "reason": "; ".join(reasons) or None}
