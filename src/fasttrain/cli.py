@@ -137,6 +137,7 @@ def _base_recipe(args):
 def cmd_ladder(args) -> int:
     from .ladder.runner import LadderSpec
     from .report.live import run_with_progress
+    from .report.table import ratio_warning
 
     device = _device(args.device)
     size = args.size or ("base" if device.startswith("cuda") else "tiny")
@@ -160,48 +161,15 @@ def cmd_ladder(args) -> int:
                       start_at=args.start_at, confirm=args.confirm)
     rows = run_with_progress(spec)
     if rungs == ["fast"]:
-        _write_fast_preset(args.workload, size, rows, out)
-    ratio = next((r for r in rows if r.get("kind") == "ratio"), None)
-    if ratio is not None and ratio["ratio"] is None:
-        print(f"warning: the ratio to the peer is {ratio['reason']}")
-    elif ratio is not None and not ratio["steady"]:
-        print(f"warning: the ratio to the peer is not steady: {ratio['reason']}; measure again "
-              f"before quoting it")
+        from .ladder.preset import write_fast_preset
+
+        print(write_fast_preset(args.workload, size, rows, out))
+    if ratio_warning(rows):
+        print(f"warning: {ratio_warning(rows)}")
     print(f"rows: {out}")
     bad = [r for r in rows if r.get("kind") == "ladder" and (
         r.get("error") or (r.get("parity") or {}).get("passed") is False)]
     return 1 if bad else 0
-
-
-def _write_fast_preset(workload: str, size: str, rows: list[dict], out: Path) -> None:
-    """The fastest candidate that passed parity becomes the preset: a recipe file next to the
-    rows and a ``kind: fast`` row saying which candidate won and by how much."""
-    from .ladder.child import write_atomic
-    from .ladder.rungs import pick_fast
-    from .ladder.runner import append_row
-    from .recipe import Recipe, to_toml
-
-    best = pick_fast(rows)
-    if best is None:
-        print("fast preset: no candidate ran and passed parity; nothing written")
-        return
-    recipe = Recipe().replace(**best["recipe"])
-    path = out.with_name(f"fast-{Path(workload.split(':')[0]).name}-{size}.toml")
-    write_atomic(path, to_toml(recipe, comment=f"fasttrain fast preset for {workload} {size}: "
-                                              f"{best['rung']}, {best['throughput']:,.1f} "
-                                              f"{best['throughput_unit']}"))
-    peer = next((r for r in rows if r.get("kind") == "peer" and not r.get("error")), None)
-    ratio = next((r for r in rows if r.get("kind") == "ratio" and r.get("ratio")
-                  and r["rung"] == best["rung"]), None)
-    vs_peer = ratio["ratio"] if ratio else best["throughput"] / peer["throughput"] if peer else None
-    append_row(out, {"kind": "fast", "workload": workload, "size": size, "rung": best["rung"],
-                     "recipe": best["recipe"], "throughput": best["throughput"],
-                     "throughput_unit": best["throughput_unit"], "speedup": best.get("speedup"),
-                     "vs_peer": vs_peer, "vs_peer_steady": ratio["steady"] if ratio else None,
-                     "recipe_file": str(path), "env": best.get("env")})
-    gain = f", {best['speedup']:.2f}x fp32" if best.get("speedup") else ""
-    print(f"fast preset: {best['rung']} ({best['throughput']:,.1f} {best['throughput_unit']}"
-          f"{gain}) → {path} (run it: fasttrain ladder {workload} --recipe {path})")
 
 
 def cmd_train(args) -> int:

@@ -40,7 +40,7 @@ class LadderSpec:
     extra_rungs: list[tuple[str, Recipe]] = field(default_factory=list)
     nproc: int = 1  # processes per rung, launched through torchrun
     start_at: str | None = None  # run the first rung (the parity base), then from this rung on
-    confirm: bool = True  # with the peer: measure both sides again (A B B A), see _confirm
+    confirm: bool = True  # with the peer: measure both sides again (A B B A), _Confirmation
 
 
 def append_row(path: Path, row: dict) -> None:

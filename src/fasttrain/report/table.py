@@ -65,7 +65,7 @@ def peer_summary(rows: list[dict]) -> str | None:
     """'best rung X: 1.15x the peer (same run)' when a ladder has a peer row; with the peer's
     confirmation (a ``kind: ratio`` row) the ratio of both sides measured twice, and whether
     it is steady."""
-    confirmed = next((r for r in rows if r.get("kind") == "ratio"), None)
+    confirmed = _ratio_row(rows)
     peer = next((r for r in rows if r.get("kind") == "peer" and not r.get("error")), None)
     ours = [r for r in rows if r.get("kind") == "ladder" and r.get("throughput")
             and not r.get("repeat_of") and (r.get("parity") or {}).get("passed") is not False]
@@ -85,12 +85,30 @@ def peer_summary(rows: list[dict]) -> str | None:
     a, b = confirmed["ours_throughput"], confirmed["peer_throughput"]
     verdict = "steady" if confirmed["steady"] else (
         f"⚠ NOT STEADY: {confirmed['reason']}; measure again before quoting it")
-    def each(xs):
-        return ", ".join(f"{x:,.1f}" for x in xs)
-
     return (f"best fasttrain rung '{best['rung']}': {max(a):,.1f} {unit} = "
             f"{confirmed['ratio']:.2f}x the peer's {max(b):,.1f} (the best of each side's runs "
-            f"in one run, ours {each(a)}, the peer's {each(b)}: {verdict}); {memory}")
+            f"in one run, ours {_listing(a)}, the peer's {_listing(b)}: {verdict}); {memory}")
+
+
+def _ratio_row(rows: list[dict]) -> dict | None:
+    """The confirmation's ``kind: ratio`` row, if the ladder ran one."""
+    return next((r for r in rows if r.get("kind") == "ratio"), None)
+
+
+def _listing(xs: list[float]) -> str:
+    return ", ".join(f"{x:,.1f}" for x in xs)
+
+
+def ratio_warning(rows: list[dict]) -> str | None:
+    """What to tell the user about the ratio to the peer when its confirmation did not hold
+    (None when it held, or there was none)."""
+    confirmed = _ratio_row(rows)
+    if confirmed is None or confirmed["steady"]:
+        return None
+    if confirmed["ratio"] is None:
+        return f"the ratio to the peer is {confirmed['reason']}"
+    return (f"the ratio to the peer is not steady: {confirmed['reason']}; measure again before "
+            f"quoting it")
 
 
 def fast_summary(rows: list[dict]) -> str | None:

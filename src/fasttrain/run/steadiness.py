@@ -24,8 +24,7 @@ from __future__ import annotations
 from statistics import median, quantiles
 from typing import Any
 
-__all__ = ["UNSTEADY_IQR", "REPEAT_TOLERANCE", "spread", "confirmed_ratio", "disagreement",
-           "fastest_two", "needs_another"]
+__all__ = ["UNSTEADY_IQR", "REPEAT_TOLERANCE", "spread", "confirmed_ratio", "needs_another"]
 
 UNSTEADY_IQR = 0.05
 """Interquartile range of the step times over their median above which a row is unsteady. On
@@ -62,18 +61,6 @@ def _steady(row: dict) -> bool:
     return (row.get("spread") or {}).get("steady", True)
 
 
-def fastest_two(rows: list[dict]) -> list[dict]:
-    """The two fastest of a side's measurements: the pair whose agreement confirms its best
-    (a disturbance slows a run down; it does not make two runs agree on a faster time)."""
-    return sorted(rows, key=lambda r: -r["throughput"])[:2]
-
-
-def disagreement(rows: list[dict]) -> float:
-    """How far the two fastest measurements of one side differ, relative to the faster."""
-    a, b = (r["throughput"] for r in fastest_two(rows))
-    return (a - b) / a
-
-
 def _side(rows: list[dict], name: str) -> tuple[float, float | None, list[str]]:
     """(best throughput, disagreement of the two fastest steady runs, reasons it is not
     confirmed). A side is confirmed by two runs with steady steps that agree within
@@ -87,20 +74,21 @@ def _side(rows: list[dict], name: str) -> tuple[float, float | None, list[str]]:
         return (max(r["throughput"] for r in usable), None,
                 [f"{name} has {len(steady)} of {len(usable)} runs with steady steps, not two "
                  f"to compare", *reasons])
-    d = disagreement(steady)
+    # the two fastest steady runs: a disturbance slows a run down, it does not make two runs
+    # agree on a faster time
+    second, first = sorted(r["throughput"] for r in steady)[-2:]
+    d = (first - second) / first
     if d > REPEAT_TOLERANCE:
         shown = ", ".join(f"{r['throughput']:,.1f}" for r in steady)
         return (max(r["throughput"] for r in usable), d,
                 [f"{name}'s two fastest steady runs differ by {d:.1%} ({shown})", *reasons])
-    return max(r["throughput"] for r in steady), d, []
+    return first, d, []
 
 
 def needs_another(rows: list[dict]) -> bool:
     """Whether a side's measurements leave its best unconfirmed (see ``_side``); False when
     fewer than two of them ran at all (a failed run: another would not tell more)."""
-    if len([r for r in rows if _usable(r)]) < 2:
-        return False
-    return bool(_side(rows, "")[2])
+    return sum(map(_usable, rows)) >= 2 and bool(_side(rows, "")[2])
 
 
 def confirmed_ratio(ours: list[dict], peer: list[dict]) -> dict[str, Any] | None:
