@@ -78,6 +78,25 @@ def graph_ms(fn) -> float:
     return do_bench(graph.replay, warmup=5, rep=50, return_mode="median")
 
 
+def append_rows(path: str, rows: list[dict]) -> None:
+    """Append ``rows`` to the JSONL file ``path`` (its folder made if missing)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def norm_inputs(n: int, d: int) -> tuple[tuple, tuple]:
+    """(x bf16, residual fp32, weight, bias) needing gradients and the two output cotangents
+    (y bf16, h fp32) of a residual add + norm as the blocks run it under bf16 autocast."""
+    x = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    r = torch.randn(n, d, device="cuda", requires_grad=True)
+    w = torch.ones(d, device="cuda", requires_grad=True)
+    b = torch.zeros(d, device="cuda", requires_grad=True)
+    return (x, r, w, b), (torch.randn(n, d, device="cuda", dtype=torch.bfloat16),
+                          torch.randn(n, d, device="cuda"))
+
+
 def _row(env: dict, kernel: str, variant: str, shape: dict, dtype: str,
          timed: tuple[float, float | None, float], rate: tuple[str, float]) -> dict:
     """One result row, printed as it is made; ``timed`` is ``_bench``'s result and ``rate``
@@ -150,12 +169,7 @@ def norm_rows(env: dict) -> list[dict]:
              ("layer_norm", "swin-B stage 3", 64 * 14 * 14, 512),
              ("layer_norm", "vit-B", 128 * 197, 768), ("rms_norm", "llama-1B", 8192, 2048)]
     for kernel, where, n, d in cases:
-        x = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        r = torch.randn(n, d, device="cuda", requires_grad=True)
-        w = torch.ones(d, device="cuda", requires_grad=True)
-        b = torch.zeros(d, device="cuda", requires_grad=True)
-        grads = (torch.randn(n, d, device="cuda", dtype=torch.bfloat16),
-                 torch.randn(n, d, device="cuda"))
+        (x, r, w, b), grads = norm_inputs(n, d)
         # fwd: read x (2 B), r (4); write h (4), y (2). bwd: read dy (2), dh (4), h (4); write dx (4)
         moved = 26 * n * d
 

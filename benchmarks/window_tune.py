@@ -15,12 +15,11 @@ import importlib
 import itertools
 import json
 import traceback
-from pathlib import Path
 
 import torch
 
 from fasttrain.env import environment
-from kernels_micro import graph_ms  # benchmarks/, the script's own folder
+from kernels_micro import append_rows, graph_ms  # benchmarks/, the script's own folder
 
 STAGES = [(1, 4096, 4, 128, 56), (2, 1024, 8, 256, 28), (3, 256, 16, 512, 14),
           (4, 64, 32, 1024, 7)]  # stage, windows, heads, channels, resolution (batch 64)
@@ -112,10 +111,7 @@ def main() -> int:
                     **setting, "ms": ms})
     wa.LAUNCH.update(default)
     rows += [{"kind": "window-kernel-resources", **r, **base} for r in kernel_resources(wa)]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    append_rows(args.out, rows)
     return 0
 
 

@@ -77,11 +77,17 @@ def test_bias_gelu_without_bias_and_with_low_precision_bias(approximate):
              approximate=approximate)
 
 
-def test_bias_gelu_backward_with_many_programs_and_row_tiles(monkeypatch):
+@pytest.mark.parametrize("stages", [1, 3])
+def test_bias_gelu_backward_with_many_programs_and_row_tiles(monkeypatch, stages):
     # small tiles: several column blocks (one partial), several row programs, each looping
-    # over several row tiles with a partial last one; bias partials summed across programs
-    monkeypatch.setattr(activations, "_TILE", 128)
-    monkeypatch.setattr(activations, "_MAX_BLOCK_D", 32)  # tiles of 4 rows x 32 columns
+    # over several row tiles with a partial last one; bias partials summed across programs;
+    # with and without software-pipelined loads
+    monkeypatch.setitem(activations.LAUNCH, "bwd_elements", 128)
+    monkeypatch.setitem(activations.LAUNCH, "bwd_block_d", 32)  # tiles of 4 rows x 32 columns
+    monkeypatch.setitem(activations.LAUNCH, "fwd_elements", 64)
+    monkeypatch.setitem(activations.LAUNCH, "fwd_block_d", 16)  # 4 x 16: three column blocks
+    monkeypatch.setitem(activations.LAUNCH, "stages", stages)
+    assert activations._tile(40, 128, 32) == (4, 32)
     assert activations._grid_bwd(torch.device("cpu"), 45, 40, 4, 32) == (2, 2, 24)
     _compare(bias_gelu, bias_gelu_reference, *_gelu_inputs((45, 40), torch.float32),
              approximate="none")

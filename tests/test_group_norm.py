@@ -86,9 +86,12 @@ def test_group_norm_keeps_the_variance_under_a_large_mean():
              layout="channels_last", mean=1000.0)
 
 
-def test_group_norm_with_many_programs_per_sample(monkeypatch):
-    """Several splits of the positions and several channel blocks per sample, as on a GPU."""
+@pytest.mark.parametrize("stages", [1, 3])
+def test_group_norm_with_many_programs_per_sample(monkeypatch, stages):
+    """Several splits of the positions and several channel blocks per sample, as on a GPU;
+    with and without software-pipelined loads in the reduction pass."""
     monkeypatch.setattr(gn, "programs_cap", lambda device, per_sm=4: 64)
+    monkeypatch.setitem(gn.LAUNCH, "sum_stages", stages)
     monkeypatch.setitem(gn.LAUNCH, "sum_rows", 4)
     monkeypatch.setitem(gn.LAUNCH, "apply_rows", 8)
     monkeypatch.setitem(gn.LAUNCH, "max_channels", 16)

@@ -78,10 +78,13 @@ def test_low_precision_params_and_no_bias(op):
         _compare(op, *_inputs(op, (2, 33), torch.float32, True, bias=False))
 
 
+@pytest.mark.parametrize("stages", [1, 3])
 @pytest.mark.parametrize("op", list(OPS))
-def test_many_tiles_walked_by_few_programs(op, monkeypatch):
+def test_many_tiles_walked_by_few_programs(op, stages, monkeypatch):
     # tiles of 2 rows: 37 rows are 19 tiles (the last one half masked) that the CPU's 4
-    # backward programs walk with a stride, each summing its weight-gradient partials
+    # backward programs walk with a stride, each summing its weight-gradient partials; with
+    # and without software-pipelined loads
+    monkeypatch.setitem(norms.LAUNCH, "bwd_stages", stages)
     monkeypatch.setitem(norms.LAUNCH, "fwd_elements", 64)
     monkeypatch.setitem(norms.LAUNCH, "bwd_elements", 64)
     assert norms._tile(24, 64) == (2, 32)

@@ -53,9 +53,12 @@ Tensors3 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 # Tiles (H200, kernels-micro-norms-20261121-1352: fastest summed over Swin-B's widths): elements
 # per tile (whole rows, at most max_rows of them) and warps per program each way; persistent
-# backward programs per SM.
-LAUNCH = {"fwd_elements": 8192, "bwd_elements": 8192, "max_rows": 64, "fwd_warps": 8,
-          "bwd_warps": 8, "programs_per_sm": 2}
+# backward programs per SM, and how many tiles ahead their loads are software-pipelined
+# (launch-tune-20261121-1633: 3 stages at one program per SM with 4 warps over 4,096 elements
+# took add + LayerNorm forward + backward 10-19% below 8 warps, 8,192 elements, 2 programs, no
+# pipelining, at Swin-B's and ViT-B's widths, and RMSNorm 9% at Llama's).
+LAUNCH = {"fwd_elements": 8192, "bwd_elements": 4096, "max_rows": 64, "fwd_warps": 8,
+          "bwd_warps": 4, "programs_per_sm": 1, "bwd_stages": 3}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -98,7 +101,7 @@ def _fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, n_
 
 @triton.jit
 def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr,
-                n_rows, D, RMS: tl.constexpr, HAS_DH: tl.constexpr,
+                n_rows, D, RMS: tl.constexpr, HAS_DH: tl.constexpr, STAGES: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """Persistent: program p walks row tiles p, p + programs, … (neighbours run side by
     side), writes dx for each and sums dy·x̂ (and dy) over all of them in a register tile,
@@ -110,7 +113,7 @@ def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     dw = tl.full((BLOCK_M, BLOCK_D), 0.0, tl.float32)
     db = tl.full((BLOCK_M, BLOCK_D), 0.0, tl.float32)
-    for tile in range(pid, tl.cdiv(n_rows, BLOCK_M), progs):
+    for tile in tl.range(pid, tl.cdiv(n_rows, BLOCK_M), progs, num_stages=STAGES):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)  # row count < 2³¹
         rmask = rows < n_rows
         mask = rmask[:, None] & cmask[None, :]
@@ -186,7 +189,7 @@ def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: 
         launch(_bwd_kernel, (progs,),
                dy, dy if dh is None else dh, h, weight, rstd if rms else mean, rstd, dx, dw,
                dw if rms else db, rows, d, RMS=rms, HAS_DH=dh is not None,
-               BLOCK_M=block_m, BLOCK_D=block_d,
+               STAGES=LAUNCH["bwd_stages"], BLOCK_M=block_m, BLOCK_D=block_d,
                num_warps=_warps(block_m, block_d, LAUNCH["bwd_warps"]))
     return dx, dw.sum(0), None if rms else db.sum(0)
 
