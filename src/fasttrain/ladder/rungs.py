@@ -70,17 +70,18 @@ def memory_rungs(workload: Workload) -> list[Rung]:
     ]
 
 
-SEARCHED_KERNELS = ("window", "patch", "gelu", "rope", "loss", "groupnorm")
+SEARCHED_KERNELS = ("window", "patch", "gelu", "layernorm", "rope", "loss", "groupnorm")
 """Kernel families the fast search tries, one rung each, in this order: those whose kernels
 beat Inductor's fusion of the plain code in the microbenchmark's CUDA-graph replay
 (kernels-micro-activations-rope-norms-20261121-0833: bias + GELU 0.31 vs 0.47 ms on ViT-B,
 0.12 vs 0.16 on Swin-B; RoPE 0.056 vs 0.120 ms on Llama-1B; GroupNorm + SiLU on SD's
 channels-last VAE activations 0.45 vs 1.55 ms, kernels-micro-groupnorm-20261121-1145), plus
 window, patch and loss. SwiGLU is left out: it ties with compile (0.257 vs 0.255 ms), so a rung
-for it would measure noise. So is LayerNorm: its tiled kernels tie with Inductor's fused norms
-(kernels-micro-norms-20261121-1352) and in whole steps (Swin-B 2,776 against 2,790 img/s,
-ladder-swin-base-20261121-140645 and train-map-window-20261121-1411; ViT-B 3,575 against
-3,576, train-layernorm-vit-20261121-1413)."""
+for it would measure noise. LayerNorm was left out while its tiled kernels tied with Inductor's
+fused norms (kernels-micro-norms-20261121-1352; Swin-B 2,776 against 2,790 img/s,
+train-map-window-20261121-1411); with software-pipelined backward loads its add + norm runs
+10-19% faster (launch-tune-20261121-1633) and took whole Swin-B and ViT-B steps 1% faster
+(train-launch-20261121-1643)."""
 
 
 def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
