@@ -6,8 +6,8 @@ setting that is not a recipe switch (a tile size, warps, programs per SM):
 sets ``fasttrain.kernels.window_attention.LAUNCH["programs_per_sm"] = 4`` (values are parsed
 as Python literals where they are one: ints, floats, booleans) and then runs ``fasttrain train
 swin --recipe F.toml`` in the same process. The row it prints is the command's own; say which
-setting it ran with where you keep it. The compiled-graph caches are off in that process (see
-``_no_compiled_graph_caches``), so the model compiles afresh with the settings.
+setting it ran with where you keep it. AOTAutograd's cache is off in that process (see
+``_no_aot_autograd_cache``), so the model is traced afresh with the settings.
 """
 from __future__ import annotations
 
@@ -51,21 +51,20 @@ def main(argv: list[str]) -> int:
     if recipe.compile_cache:
         print("warning: compile_cache's artifacts do not depend on LAUNCH settings; a cache "
               "written with other settings would run them", file=sys.stderr)
-    _no_compiled_graph_caches()
+    _no_aot_autograd_cache()
     return fasttrain(argv[cut + 1:])
 
 
-def _no_compiled_graph_caches() -> None:
-    """Turn off the on-disk caches of compiled graphs (AOTAutograd's and Inductor's FX graph
-    cache). Their keys hold the kernels' source, not the LAUNCH values a triton_op reads when
-    Inductor traces it, so a graph compiled earlier with other settings would be a hit and run
-    those settings (a first A/B of bias + GELU's settings did: 5.8 s of warm-up where a
-    compile takes 60). Triton's own cache stays: its key is the compiled kernel's constants."""
+def _no_aot_autograd_cache() -> None:
+    """Turn off AOTAutograd's on-disk cache. Its key holds the graph's op calls and the source
+    of a triton_op's kernels, not the LAUNCH values the op's Python body reads when Inductor
+    traces it, and a hit skips Inductor altogether: a graph compiled earlier with other
+    settings would run those settings (a first A/B of bias + GELU's settings did: 5.8 s of
+    warm-up where a compile takes 60). Inductor's FX graph cache may stay on: its key holds
+    each kernel call's constant arguments, launch configs and grid, so other settings miss it."""
     import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
 
     functorch_config.enable_autograd_cache = False
-    inductor_config.fx_graph_cache = False
 
 
 if __name__ == "__main__":

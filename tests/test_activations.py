@@ -81,7 +81,8 @@ def test_bias_gelu_without_bias_and_with_low_precision_bias(approximate):
 def test_bias_gelu_backward_with_many_programs_and_row_tiles(monkeypatch, stages):
     # small tiles: several column blocks (one partial), several row programs, each looping
     # over several row tiles with a partial last one; bias partials summed across programs;
-    # with and without software-pipelined loads
+    # both stage settings reach the kernel (the interpreter ignores num_stages: the pipelined
+    # loads themselves are checked in tests/test_gpu.py)
     monkeypatch.setitem(activations.LAUNCH, "bwd_elements", 128)
     monkeypatch.setitem(activations.LAUNCH, "bwd_block_d", 32)  # tiles of 4 rows x 32 columns
     monkeypatch.setitem(activations.LAUNCH, "fwd_elements", 64)
@@ -160,3 +161,15 @@ def test_torch_compile_fullgraph_matches_eager():
     # interpreted: opaque custom ops (see fasttrain.kernels._triton); no graph break
     assert_compiled_matches_eager(
         _mlp, [torch.randn(3, 40), torch.randn(40), torch.randn(3, 40), torch.randn(3, 40)])
+
+
+def test_bias_gelu_with_no_rows_and_bad_launch_tiles(monkeypatch):
+    x = torch.randn(0, 40, requires_grad=True)
+    b = torch.randn(40, requires_grad=True)
+    y = bias_gelu(x, b)
+    y.sum().backward()
+    assert y.shape == (0, 40) and x.grad.shape == (0, 40)
+    assert torch.equal(b.grad, torch.zeros(40))
+    monkeypatch.setitem(activations.LAUNCH, "fwd_block_d", 48)
+    with pytest.raises(ValueError, match="block_d must be a power of two, got 48"):
+        bias_gelu(torch.randn(3, 40), b.detach())

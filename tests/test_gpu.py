@@ -274,6 +274,33 @@ def test_group_norm_kernel_compiled_on_cuda_matches_the_reference():
                                group_norm_reference(x, w, b, 32, 1e-6, True))
 
 
+def test_pipelined_loops_over_many_tiles_per_program_match_the_reference():
+    """The persistent loops with software-pipelined loads (the interpreter ignores num_stages,
+    so only a GPU runs them), at shapes where each program walks many tiles: bias + GELU's
+    backward (dx and the bias gradient) and GroupNorm's reduction pass."""
+    from fasttrain.kernels import activations as act
+    from fasttrain.kernels import group_norm as gn
+
+    torch.manual_seed(0)
+    x = torch.randn(20_000, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, device="cuda")
+    block_r, block_d = act._tile(512, act.LAUNCH["bwd_elements"], act.LAUNCH["bwd_block_d"])
+    per = act._grid_bwd(x.device, 20_000, 512, block_r, block_d)[2]
+    assert act.LAUNCH["stages"] > 1 and per >= 4 * block_r  # several tiles a program
+    _compiled_and_reference(lambda x, b: act.bias_gelu(x, b), act.bias_gelu_reference, [x, b],
+                            lambda y: (y.float() * 1.5).square().sum())
+    shape = (2, 128, 256, 256)
+    x = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 2 + 0.5).contiguous(
+        memory_format=torch.channels_last)
+    w, bias = torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
+    rows_per = gn._blocks(256 * 256, 128, 2, x.device)[3]
+    assert gn.LAUNCH["sum_stages"] > 1 and rows_per >= 4 * gn.LAUNCH["sum_rows"]
+    cot = torch.randn(shape, device="cuda")
+    _compiled_and_reference(lambda x, w, b: gn.group_norm(x, w, b, 32, 1e-5, True),
+                            lambda x, w, b: gn.group_norm_reference(x, w, b, 32, 1e-5, True),
+                            [x, w, bias], lambda y: (y.float() * cot).sum())
+
+
 def _kernels_keep_the_losses(workload: str, base: Recipe, kernels: tuple[str, ...],
                              says: str) -> None:
     """Each ``kernels`` setting on top of ``base`` (compiled, bf16 autocast) trains the tiny

@@ -89,7 +89,8 @@ def test_group_norm_keeps_the_variance_under_a_large_mean():
 @pytest.mark.parametrize("stages", [1, 3])
 def test_group_norm_with_many_programs_per_sample(monkeypatch, stages):
     """Several splits of the positions and several channel blocks per sample, as on a GPU;
-    with and without software-pipelined loads in the reduction pass."""
+    both stage settings of the reduction pass (the interpreter ignores num_stages: the pipelined
+    loads themselves are checked in tests/test_gpu.py)."""
     monkeypatch.setattr(gn, "programs_cap", lambda device, per_sm=4: 64)
     monkeypatch.setitem(gn.LAUNCH, "sum_stages", stages)
     monkeypatch.setitem(gn.LAUNCH, "sum_rows", 4)

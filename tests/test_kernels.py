@@ -82,8 +82,8 @@ def test_low_precision_params_and_no_bias(op):
 @pytest.mark.parametrize("op", list(OPS))
 def test_many_tiles_walked_by_few_programs(op, stages, monkeypatch):
     # tiles of 2 rows: 37 rows are 19 tiles (the last one half masked) that the CPU's 4
-    # backward programs walk with a stride, each summing its weight-gradient partials; with
-    # and without software-pipelined loads
+    # backward programs walk with a stride, each summing its weight-gradient partials; both
+    # stage settings (the interpreter ignores num_stages: tests/test_gpu.py runs them compiled)
     monkeypatch.setitem(norms.LAUNCH, "bwd_stages", stages)
     monkeypatch.setitem(norms.LAUNCH, "fwd_elements", 64)
     monkeypatch.setitem(norms.LAUNCH, "bwd_elements", 64)
@@ -152,3 +152,10 @@ def test_torch_compile_fullgraph_matches_eager():
     # the triton_op registration that compiled Triton uses is traced in the next test.
     assert_compiled_matches_eager(
         _block, [torch.randn(3, 40), torch.randn(3, 40), torch.randn(40), torch.randn(40)])
+
+
+def test_backward_pipeline_stages_shrink_to_fit_shared_memory(monkeypatch):
+    monkeypatch.setitem(norms.LAUNCH, "bwd_stages", 3)
+    assert norms._stages(4 * 1024 * 10) == 3  # ViT-B: 4 rows x 1,024, fp32 h and dh, bf16 dy
+    assert norms._stages(8192 * 10) == 2  # one row of 8,192: 80 KiB a stage
+    assert norms._stages(16384 * 10) == 1  # no pipelining rather than a launch failure

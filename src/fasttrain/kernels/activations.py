@@ -37,9 +37,9 @@ torch.compile
 Layout
     bias_gelu: x may have any leading shape and any last dim D; it is viewed as (rows, D) and
     made contiguous if it is not. Programs cover 2-D tiles of ``BLOCK_R`` rows x ``BLOCK_D``
-    columns (``BLOCK_D ≤ 1024``) so the bias is loaded once per tile; in the backward each
+    columns (sizes from ``LAUNCH``) so the bias is loaded once per tile; in the backward each
     program walks a contiguous range of row tiles for one column block, accumulating its bias
-    partial. swiglu: gate and up must have the same shape, dtype and device (any shape);
+    partial, with the next tiles' loads in flight (software pipelining, ``LAUNCH["stages"]``). swiglu: gate and up must have the same shape, dtype and device (any shape);
     non-contiguous views (e.g. ``chunk`` of a fused gate/up projection) are copied to
     contiguous first, and the kernels run over the flattened elements.
 """
@@ -182,7 +182,10 @@ LAUNCH = {"fwd_elements": 4096, "fwd_block_d": 256, "fwd_warps": 4,
 
 def _tile(d: int, elements: int, max_block_d: int) -> tuple[int, int]:
     """(BLOCK_R, BLOCK_D) of a bias_gelu tile: up to ``max_block_d`` columns, ``elements`` in
-    all."""
+    all (both powers of two, as Triton's tiles are)."""
+    for name, value in (("elements", elements), ("block_d", max_block_d)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"bias_gelu LAUNCH {name} must be a power of two, got {value}")
     block_d = min(triton.next_power_of_2(d), max_block_d, elements)
     return max(1, elements // block_d), block_d
 
@@ -193,7 +196,7 @@ def _grid_bwd(device: torch.device, rows: int, d: int, block_r: int, block_d: in
     programs per SM in all, each walking a contiguous range of whole row tiles."""
     col_blocks = triton.cdiv(d, block_d)
     target = max(1, programs_cap(device, LAUNCH["programs_per_sm"]) // col_blocks)
-    per = triton.cdiv(triton.cdiv(rows, target), block_r) * block_r
+    per = max(1, triton.cdiv(triton.cdiv(rows, target), block_r)) * block_r  # no rows: none
     return triton.cdiv(rows, per), col_blocks, per
 
 

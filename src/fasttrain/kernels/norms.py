@@ -149,6 +149,16 @@ def _tile(d: int, elements: int) -> tuple[int, int]:
     return max(1, min(LAUNCH["max_rows"], elements // block_d)), block_d
 
 
+_PIPELINE_BYTES = 160 * 1024  # shared memory the pipelined loads may take (H100/H200: 227 KiB)
+
+
+def _stages(tile_bytes: int) -> int:
+    """Pipeline stages of the backward: LAUNCH's, fewer where that many tiles of loads would not
+    fit in shared memory (a tile holds at least one whole row: 80 KiB a stage at D = 8,192 with
+    an fp32 residual), at least 1 (no pipelining, no shared memory)."""
+    return max(1, min(LAUNCH["bwd_stages"], _PIPELINE_BYTES // max(1, tile_bytes)))
+
+
 def _warps(block_m: int, block_d: int, per_tile: int) -> int:
     return max(1, min(16, per_tile, block_m * block_d // 256))
 
@@ -180,6 +190,7 @@ def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: 
     rows, d = h.shape
     dx = torch.empty_like(h)
     block_m, block_d = _tile(d, LAUNCH["bwd_elements"])
+    loaded = h.element_size() + dy.element_size() + (0 if dh is None else dh.element_size())
     progs = max(1, min(triton.cdiv(rows, block_m),
                        programs_cap(h.device, LAUNCH["programs_per_sm"])))
     alloc = torch.empty if rows else torch.zeros  # every program writes its row of partials
@@ -189,7 +200,7 @@ def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: 
         launch(_bwd_kernel, (progs,),
                dy, dy if dh is None else dh, h, weight, rstd if rms else mean, rstd, dx, dw,
                dw if rms else db, rows, d, RMS=rms, HAS_DH=dh is not None,
-               STAGES=LAUNCH["bwd_stages"], BLOCK_M=block_m, BLOCK_D=block_d,
+               STAGES=_stages(block_m * block_d * loaded), BLOCK_M=block_m, BLOCK_D=block_d,
                num_warps=_warps(block_m, block_d, LAUNCH["bwd_warps"]))
     return dx, dw.sum(0), None if rms else db.sum(0)
 
