@@ -43,13 +43,20 @@ def _act(z, MATH: tl.constexpr):
 
 
 @triton.jit
-def _fwd(x_ptr, b_ptr, y_ptr, n_rows, D, MATH: tl.constexpr, BLOCK_R: tl.constexpr,
-         BLOCK_D: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+def _tile_at(r0, n_rows, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Columns, their mask, the tile's mask and offsets: rows r0 … r0 + BLOCK_R (below n_rows)
+    of column block ``program_id(1)``."""
+    rows = r0 + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
-    mask = (rows[:, None] < n_rows) & cmask[None, :]
-    off = rows[:, None] * D + cols[None, :]
+    return cols, cmask, (rows[:, None] < n_rows) & cmask[None, :], rows[:, None] * D + cols[None, :]
+
+
+@triton.jit
+def _fwd(x_ptr, b_ptr, y_ptr, n_rows, D, MATH: tl.constexpr, BLOCK_R: tl.constexpr,
+         BLOCK_D: tl.constexpr):
+    cols, cmask, mask, off = _tile_at(tl.program_id(0).to(tl.int64) * BLOCK_R, n_rows, D,
+                                      BLOCK_R, BLOCK_D)
     z = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
     z += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     y, _ = _act(z, MATH)
@@ -61,16 +68,13 @@ def _bwd_persistent(dy_ptr, x_ptr, b_ptr, dx_ptr, db_ptr, n_rows, D, rows_per_pr
                     MATH: tl.constexpr, STAGES: tl.constexpr, BLOCK_R: tl.constexpr,
                     BLOCK_D: tl.constexpr):
     pid = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    db = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
     start = pid.to(tl.int64) * rows_per_prog
     end = tl.minimum(start + rows_per_prog, n_rows)
+    cols, cmask, _, _ = _tile_at(start, end, D, BLOCK_R, BLOCK_D)
+    b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    db = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
     for r0 in tl.range(start, end, BLOCK_R, num_stages=STAGES):
-        rows = r0 + tl.arange(0, BLOCK_R)
-        mask = (rows[:, None] < end) & cmask[None, :]
-        off = rows[:, None] * D + cols[None, :]
+        _, _, mask, off = _tile_at(r0, end, D, BLOCK_R, BLOCK_D)
         z = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32) + b
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
         _, grad = _act(z, MATH)
@@ -85,11 +89,7 @@ def _bwd_tiles(dy_ptr, x_ptr, b_ptr, dx_ptr, db_ptr, n_rows, D, MATH: tl.constex
                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """One tile a program; its column sums go to row ``program_id(0)`` of the partials."""
     pid = tl.program_id(0)
-    rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = (rows[:, None] < n_rows) & cmask[None, :]
-    off = rows[:, None] * D + cols[None, :]
+    cols, cmask, mask, off = _tile_at(pid.to(tl.int64) * BLOCK_R, n_rows, D, BLOCK_R, BLOCK_D)
     z = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
     z += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
@@ -97,10 +97,6 @@ def _bwd_tiles(dy_ptr, x_ptr, b_ptr, dx_ptr, db_ptr, n_rows, D, MATH: tl.constex
     dz = dy * grad
     tl.store(dx_ptr + off, dz.to(dx_ptr.dtype.element_ty), mask=mask)
     tl.store(db_ptr + pid * D + cols, tl.sum(dz, 0), mask=cmask)
-
-
-def _sms() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def fwd_settings(d: int):
@@ -128,27 +124,26 @@ def fwd_call(s: dict, x, b, y, math: bool):
 
 
 def bwd_call(s: dict, dy, x, b, dx, math: bool):
-    """(the launch, bytes of partials it writes and reads back)."""
+    """(the launch, bytes of partials it writes and reads back). The persistent layout's grid
+    is the library's (``_grid_bwd``) at the setting's programs per SM."""
+    from fasttrain.kernels import activations as act
+
     n, d = x.shape
     if s["layout"] == "tiles":
-        grid = (triton.cdiv(n, s["block_r"]), triton.cdiv(d, s["block_d"]))
-        db = torch.empty(grid[0], d, device=x.device, dtype=torch.float32)
-
-        def run():
-            _bwd_tiles[grid](dy, x, b, dx, db, n, d, MATH=math, BLOCK_R=s["block_r"],
-                             BLOCK_D=s["block_d"], num_warps=s["warps"])
-            db.sum(0)
-        return run, 2 * db.numel() * 4
-    block_r = s["elems"] // s["block_d"]
-    col_blocks = triton.cdiv(d, s["block_d"])
-    target = max(1, s["programs_per_sm"] * _sms() // col_blocks)
-    per = triton.cdiv(triton.cdiv(n, target), block_r) * block_r
-    grid = (triton.cdiv(n, per), col_blocks)
+        block_r = s["block_r"]
+        grid = (triton.cdiv(n, block_r), triton.cdiv(d, s["block_d"]))
+        kernel, args, meta = _bwd_tiles, (), {}
+    else:
+        block_r = s["elems"] // s["block_d"]
+        progs, col_blocks, per = act._grid_bwd(x.device, n, d, block_r, s["block_d"],
+                                               s["programs_per_sm"])
+        grid = (progs, col_blocks)
+        kernel, args, meta = _bwd_persistent, (per,), {"STAGES": s["stages"]}
     db = torch.empty(grid[0], d, device=x.device, dtype=torch.float32)
 
     def run():
-        _bwd_persistent[grid](dy, x, b, dx, db, n, d, per, MATH=math, STAGES=s["stages"],
-                              BLOCK_R=block_r, BLOCK_D=s["block_d"], num_warps=s["warps"])
+        kernel[grid](dy, x, b, dx, db, n, d, *args, MATH=math, BLOCK_R=block_r,
+                     BLOCK_D=s["block_d"], num_warps=s["warps"], **meta)
         db.sum(0)
     return run, 2 * db.numel() * 4
 

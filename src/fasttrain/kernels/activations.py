@@ -39,9 +39,10 @@ Layout
     made contiguous if it is not. Programs cover 2-D tiles of ``BLOCK_R`` rows x ``BLOCK_D``
     columns (sizes from ``LAUNCH``) so the bias is loaded once per tile; in the backward each
     program walks a contiguous range of row tiles for one column block, accumulating its bias
-    partial, with the next tiles' loads in flight (software pipelining, ``LAUNCH["stages"]``). swiglu: gate and up must have the same shape, dtype and device (any shape);
-    non-contiguous views (e.g. ``chunk`` of a fused gate/up projection) are copied to
-    contiguous first, and the kernels run over the flattened elements.
+    partial, with the next tiles' loads in flight (software pipelining, ``LAUNCH["stages"]``).
+    swiglu: gate and up must have the same shape, dtype and device (any shape); non-contiguous
+    views (e.g. ``chunk`` of a fused gate/up projection) are copied to contiguous first, and the
+    kernels run over the flattened elements.
 """
 from typing import Optional
 
@@ -190,12 +191,14 @@ def _tile(d: int, elements: int, max_block_d: int) -> tuple[int, int]:
     return max(1, elements // block_d), block_d
 
 
-def _grid_bwd(device: torch.device, rows: int, d: int, block_r: int, block_d: int
-              ) -> tuple[int, int, int]:
-    """(row programs, column blocks, rows per program) for the bias_gelu backward: a few
-    programs per SM in all, each walking a contiguous range of whole row tiles."""
+def _grid_bwd(device: torch.device, rows: int, d: int, block_r: int, block_d: int,
+              per_sm: Optional[int] = None) -> tuple[int, int, int]:
+    """(row programs, column blocks, rows per program) for the bias_gelu backward: ``per_sm``
+    programs per SM in all (LAUNCH's by default), each walking a contiguous range of whole row
+    tiles."""
     col_blocks = triton.cdiv(d, block_d)
-    target = max(1, programs_cap(device, LAUNCH["programs_per_sm"]) // col_blocks)
+    per_sm = LAUNCH["programs_per_sm"] if per_sm is None else per_sm
+    target = max(1, programs_cap(device, per_sm) // col_blocks)
     per = max(1, triton.cdiv(triton.cdiv(rows, target), block_r)) * block_r  # no rows: none
     return triton.cdiv(rows, per), col_blocks, per
 
