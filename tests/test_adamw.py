@@ -150,8 +150,14 @@ def test_dcp_state_dict_helpers_round_trip(small_blocks):
 
 
 def test_bad_input_is_one_line():
-    with pytest.raises(FasttrainError, match="dense fp32 weights"):
-        FlatAdamW([torch.zeros(3, dtype=torch.bfloat16, requires_grad=True)])
+    with pytest.raises(FasttrainError, match="dense fp32 or bf16 weights"):
+        FlatAdamW([torch.zeros(3, dtype=torch.float16, requires_grad=True)])
+    with pytest.raises(FasttrainError, match="1 master weights for 2 parameters"):
+        FlatAdamW([torch.zeros(3, requires_grad=True), torch.zeros(2, requires_grad=True)],
+                  masters=[None])
+    with pytest.raises(FasttrainError, match=r"master weight of shape \(2,\) for a weight"):
+        FlatAdamW([torch.zeros(3, dtype=torch.bfloat16, requires_grad=True)],
+                  masters=[torch.zeros(2)])
     with pytest.raises(FasttrainError, match="not parameter groups"):
         FlatAdamW([{"params": [torch.zeros(3, requires_grad=True)]}])
     with pytest.raises(FasttrainError, match="dense weights"):

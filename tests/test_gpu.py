@@ -406,3 +406,63 @@ def test_one_launch_optimizer_in_the_graphed_training_loop_keeps_the_losses():
     # activations the other way, so the bf16 parity tolerance
     torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(plain.losses),
                                rtol=2e-2, atol=0)
+
+
+def test_one_launch_adamw_steps_bf16_weights_through_fp32_masters_on_cuda():
+    """bf16 weights with fp32 masters (master_weights under bf16-mixed): the masters follow the
+    fp32 FlatAdamW given the same (bf16) gradients exactly, the weights are the masters rounded
+    to nearest even, eager and in a CUDA graph, next to fp32 weights in the same launch."""
+    from fasttrain.kernels.adamw import FlatAdamW
+
+    torch.manual_seed(0)
+    shapes = [(320, 320, 3, 3), (1280,), (77, 768), (5,), (4099, 33)]
+    init = [torch.randn(s, device="cuda") for s in shapes]
+    grads = [[torch.randn(s, device="cuda").bfloat16() for s in shapes] for _ in range(4)]
+    half = [True, True, False, True, True]  # one fp32 weight (a norm's) among them
+    ref = [w.clone().requires_grad_() for w in init]
+    ref_opt = FlatAdamW(ref, lr=1e-3, max_grad_norm=1.0)
+    ours = [(w.bfloat16() if h else w.clone()).requires_grad_() for w, h in zip(init, half)]
+    opt = FlatAdamW(ours, lr=1e-3, max_grad_norm=1.0,
+                    masters=[w.clone() if h else None for w, h in zip(init, half)])
+    src = [torch.zeros_like(w) for w in ours]
+
+    def step():
+        for w, g in zip(ours, src):
+            w.grad = g * 1
+        opt.step()
+
+    for k, gs in enumerate(grads):
+        for w, g in zip(ref, gs):
+            w.grad = g.float()
+        ref_opt.step()
+        torch._foreach_copy_(src, [g.to(w.dtype) for g, w in zip(gs, ours)])
+        if k < 2:
+            step()
+        elif k == 2:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            graph.replay()
+        else:
+            graph.replay()
+    torch.cuda.synchronize()
+    for w, r, m, h in zip(ours, ref, opt.masters, half):
+        torch.testing.assert_close(m if h else w, r.detach(), rtol=0, atol=0)
+        if h:
+            assert torch.equal(w.detach(), r.detach().bfloat16())
+
+
+def test_bf16_master_weights_in_the_graphed_training_loop_keep_the_losses():
+    """master_weights under bf16-mixed, compiled and in CUDA graphs: the same losses as
+    autocast over fp32 weights (within the bf16 tolerance: compile may fuse casts
+    differently), and the linear weights are bf16 while the norms stay fp32."""
+    for workload in ("vit", "swin"):
+        wl = load_workload(workload, "tiny")
+        base = Recipe(precision="bf16-mixed", optimizer_impl="triton", compile="model",
+                      cuda_graphs=True, lr=1e-3)
+        plain = train(wl, base, steps=6, warmup=2, device="cuda")
+        ours = train(wl, base.replace(master_weights=True), steps=6, warmup=2, device="cuda")
+        assert "stored in bf16 with fp32 masters" in ours.applied["optimizer"]
+        assert not ours.warnings
+        torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(plain.losses),
+                                   rtol=2e-2, atol=0)

@@ -101,7 +101,11 @@ class Recipe:
     checkpoint_every: int = 1
     """Checkpoint every k-th block only (1 = all)."""
     master_weights: bool = False
-    """With bf16-true: the optimizer updates an fp32 copy of the weights (bf16 model weights)."""
+    """The optimizer updates fp32 copies of bf16 weights. With bf16-true: of every weight. With
+    bf16-mixed (optimizer_impl=triton, one process, accumulation=1): the weights and biases of
+    linear and convolution layers, which autocast would cast to bf16 on every step, are stored
+    in bf16 and the one-launch AdamW keeps their fp32 masters; the casts of those weights and of
+    their gradients disappear (the matmuls see the same bf16 values), gradients stay bf16."""
     offload: str = "none"
     """none | optimizer: optimizer state and fp32 master weights live in pinned CPU memory; the
     update runs on the CPU (ZeRO-Offload style) | params: FSDP2's CPU offload of parameters,
@@ -171,9 +175,11 @@ def kernel_families(value: str) -> frozenset[str]:
 
 def _validate_graphs(r: Recipe) -> None:
     """What a whole-step CUDA graph cannot capture."""
-    if r.offload != "none" or r.master_weights or r.schedule != "constant":
+    if r.offload != "none" or r.schedule != "constant" or (
+            r.master_weights and r.precision != "bf16-mixed"):
         raise FasttrainError("recipe: cuda_graphs captures a device-only step with a constant "
-                             "lr; turn off offload, master_weights and schedule")
+                             "lr; turn off offload, schedule and (unless bf16-mixed) "
+                             "master_weights")
     if r.precision == "fp16-mixed":
         raise FasttrainError("recipe: cuda_graphs cannot capture fp16-mixed (GradScaler syncs "
                              "with the host); use bf16-mixed")
@@ -188,11 +194,24 @@ def _validate_graphs(r: Recipe) -> None:
 def _validate_optimizer(r: Recipe) -> None:
     _choice("optimizer", r.optimizer, OPTIMIZERS)
     _choice("optimizer_impl", r.optimizer_impl, OPTIMIZER_IMPLS)
-    if r.optimizer_impl == "triton" and (r.optimizer != "adamw" or r.master_weights
-                                         or r.offload == "optimizer"):
+    if r.optimizer_impl == "triton" and (r.optimizer != "adamw" or r.offload == "optimizer" or (
+            r.master_weights and r.precision != "bf16-mixed")):
         raise FasttrainError("recipe: optimizer_impl=triton is an AdamW step over the model's own "
-                             "fp32 weights on the GPU; it takes optimizer=adamw without "
-                             "master_weights or offload=optimizer")
+                             "weights on the GPU; it takes optimizer=adamw without "
+                             "offload=optimizer, and master_weights only with bf16-mixed")
+
+
+def _validate_mixed_masters(r: Recipe) -> None:
+    """bf16-mixed master weights: the one-launch AdamW steps them, gradients stay bf16."""
+    if r.optimizer_impl != "triton":
+        raise FasttrainError("recipe: master_weights with bf16-mixed keeps the fp32 masters in "
+                             "the one-launch AdamW; set optimizer_impl=triton")
+    if r.accumulation != 1:
+        raise FasttrainError("recipe: master_weights with bf16-mixed keeps bf16 gradients, which "
+                             "accumulation would sum in bf16; set accumulation=1")
+    if r.sharding not in ("auto", "none"):
+        raise FasttrainError(f"recipe: master_weights with bf16-mixed runs on one process, not "
+                             f"with sharding={r.sharding}")
 
 
 def validate(r: Recipe) -> None:
@@ -212,9 +231,11 @@ def validate(r: Recipe) -> None:
     _choice("allocator", r.allocator, ALLOCATOR)
     if r.checkpoint_every < 1:
         raise FasttrainError(f"recipe: checkpoint_every must be >= 1, got {r.checkpoint_every}")
-    if r.master_weights and r.precision != "bf16-true":
-        raise FasttrainError("recipe: master_weights needs precision=bf16-true (mixed precision "
-                             "already keeps fp32 weights)")
+    if r.master_weights and r.precision not in ("bf16-true", "bf16-mixed"):
+        raise FasttrainError(f"recipe: master_weights needs precision=bf16-true or bf16-mixed, "
+                             f"not {r.precision}")
+    if r.master_weights and r.precision == "bf16-mixed":
+        _validate_mixed_masters(r)
     _choice("sharding", r.sharding, SHARDING)
     if r.offload == "params" and r.sharding not in ("zero2", "zero3"):
         raise FasttrainError("recipe: offload=params is FSDP2's CPU offload; use sharding=zero2 "

@@ -67,19 +67,31 @@ LAUNCH = {"block": 1024, "warps": 4}
 1,024/2,048/4,096 on the H200 for SD, Llama-1B and ViT-B weights
 (kernels-micro-optimizer-20261121-0952)."""
 
+_WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
 _ALIGN = 16  # elements: each tensor's slice of the flat state starts on a 64-byte boundary
 _MAX_NUMEL = 2 ** 31 - 1 - 8192  # the kernel's in-tensor offsets are int32
 
 
 @triton.jit
-def _update(m_ptr, v_ptr, ema_ptr, coef_ptr, p_offs, g_offs, s_offs, mask, has_grad,
-            lr, beta1, beta2, bc1, bc2_sqrt, eps, weight_decay, ema_weight,
-            HAS_CLIP: tl.constexpr, HAS_EMA: tl.constexpr):
-    """AdamW (+ EMA) on the elements at the given offsets (weights and gradients are addressed
-    from m_ptr); ``mask`` None for a whole block."""
-    p = tl.load(m_ptr + p_offs, mask=mask)
+def _bf16(x):
+    """fp32 → bf16 rounded to nearest even, as ``Tensor.to(torch.bfloat16)`` (NaN stays NaN), in
+    integer arithmetic: the same bits compiled and in Triton's interpreter, which truncates."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return tl.where(x != x, 0x7FC0, bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _update(w_ptr, w_offs, g_ptr, g_offs, copy_ptr, copy_offs, m_ptr, v_ptr, ema_ptr, coef_ptr,
+            s_offs, mask, has_grad, lr, beta1, beta2, bc1, bc2_sqrt, eps, weight_decay,
+            ema_weight, HAS_CLIP: tl.constexpr, HAS_EMA: tl.constexpr, COPY: tl.constexpr):
+    """AdamW (+ EMA) on the elements at the given offsets; ``mask`` None for a whole block.
+    The fp32 weight is read from and written to ``w_ptr + w_offs``: the model's weight, or the
+    master copy of a bf16 one, which COPY also writes back, rounded, to ``copy_ptr +
+    copy_offs``. The gradient is read in its own dtype and used in fp32."""
+    p = tl.load(w_ptr + w_offs, mask=mask)
     if has_grad:
-        g = tl.load(m_ptr + g_offs, mask=mask)
+        g = tl.load(g_ptr + g_offs, mask=mask).to(tl.float32)
         if HAS_CLIP:
             g = g * tl.load(coef_ptr)
         m = tl.load(m_ptr + s_offs, mask=mask)
@@ -89,7 +101,9 @@ def _update(m_ptr, v_ptr, ema_ptr, coef_ptr, p_offs, g_offs, s_offs, mask, has_g
         v = beta2 * v + (1.0 - beta2) * g * g
         denom = tl.sqrt(v) / bc2_sqrt + eps
         p = p - (lr / bc1) * m / denom
-        tl.store(m_ptr + p_offs, p, mask=mask)
+        tl.store(w_ptr + w_offs, p, mask=mask)
+        if COPY:
+            tl.store(copy_ptr + copy_offs, _bf16(p), mask=mask)
         tl.store(m_ptr + s_offs, m, mask=mask)
         tl.store(v_ptr + s_offs, v, mask=mask)
     if HAS_EMA:  # every weight's EMA moves, with a gradient or without (as foreach lerp)
@@ -99,14 +113,39 @@ def _update(m_ptr, v_ptr, ema_ptr, coef_ptr, p_offs, g_offs, s_offs, mask, has_g
 
 
 @triton.jit
+def _block(w_ptr, w_offs, g_ptr, g_offs, copy_ptr, copy_offs, m_ptr, v_ptr, ema_ptr, coef_ptr,
+           s_offs, whole, mask, has_grad, lr, beta1, beta2, bc1, bc2_sqrt, eps, weight_decay,
+           ema_weight, HAS_CLIP: tl.constexpr, HAS_EMA: tl.constexpr, COPY: tl.constexpr,
+           W_VEC: tl.constexpr, G_VEC: tl.constexpr, BLOCK: tl.constexpr):
+    """``_update`` on one block: a ``whole`` one (inside its tensor, every address on 16
+    bytes: offsets multiples of W_VEC for the weight, G_VEC for the gradient and the copy, 16
+    for the state) with unmasked vector loads, else with ``mask``."""
+    if whole:
+        _update(w_ptr, tl.max_contiguous(tl.multiple_of(w_offs, W_VEC), BLOCK),
+                g_ptr, tl.max_contiguous(tl.multiple_of(g_offs, G_VEC), BLOCK),
+                copy_ptr, tl.max_contiguous(tl.multiple_of(copy_offs, G_VEC), BLOCK),
+                m_ptr, v_ptr, ema_ptr, coef_ptr,
+                tl.max_contiguous(tl.multiple_of(s_offs, 16), BLOCK), None, has_grad,
+                lr, beta1, beta2, bc1, bc2_sqrt, eps, weight_decay, ema_weight,
+                HAS_CLIP, HAS_EMA, COPY)
+    else:  # the tensor's last, partial block, or a tensor that is not 16-byte aligned
+        _update(w_ptr, w_offs, g_ptr, g_offs, copy_ptr, copy_offs, m_ptr, v_ptr, ema_ptr,
+                coef_ptr, s_offs, mask, has_grad, lr, beta1, beta2, bc1, bc2_sqrt, eps,
+                weight_decay, ema_weight, HAS_CLIP, HAS_EMA, COPY)
+
+
+@triton.jit
 def _adamw_step(table_ptr, n_tensors, chunk_tensor_ptr, chunk_start_ptr, numel_ptr,
                 state_off_ptr, steps_ptr, have_ptr, m_ptr, v_ptr, ema_ptr, coef_ptr,
-                lr, beta1, beta2, log2_beta1, log2_beta2, eps, weight_decay, ema_weight,
-                HAS_CLIP: tl.constexpr, HAS_EMA: tl.constexpr, BLOCK: tl.constexpr):
-    """One program: BLOCK elements of one tensor (chunk c of the chunk table). Weights and
-    gradients are addressed as element offsets from m_ptr (any two fp32 addresses are a whole
-    number of elements apart); the table's third part says per tensor whether both start on
-    16 bytes, which makes a whole block's loads provably aligned vectors."""
+                master_ptr, half_ptr, lr, beta1, beta2, log2_beta1, log2_beta2, eps,
+                weight_decay, ema_weight, HAS_CLIP: tl.constexpr, HAS_EMA: tl.constexpr,
+                HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """One program: BLOCK elements of one tensor (chunk c of the chunk table). fp32 weights
+    and gradients are addressed as element offsets from m_ptr (any two fp32 addresses are a
+    whole number of elements apart), bf16 ones from half_ptr; the table's third part says per
+    tensor whether both start on 16 bytes, which makes a whole block's loads provably aligned
+    vectors, its fourth (with HALF) whether the weight is bf16 with an fp32 master copy in
+    master_ptr (at the tensor's state offsets)."""
     c = tl.program_id(0)
     t = tl.load(chunk_tensor_ptr + c)
     start = tl.load(chunk_start_ptr + c)
@@ -115,7 +154,8 @@ def _adamw_step(table_ptr, n_tensors, chunk_tensor_ptr, chunk_start_ptr, numel_p
     p_offs = tl.load(table_ptr + t) + start + idx
     g_offs = tl.load(table_ptr + n_tensors + t) + start + idx
     s_offs = tl.load(state_off_ptr + t) + start + idx
-    aligned = tl.load(table_ptr + 2 * n_tensors + t) != 0
+    whole = (start + BLOCK <= n) & (tl.load(table_ptr + 2 * n_tensors + t) != 0)
+    mask = start + idx < n
     lr = tl.cast(lr, tl.float32)
     beta1, beta2 = tl.cast(beta1, tl.float32), tl.cast(beta2, tl.float32)
     eps, weight_decay = tl.cast(eps, tl.float32), tl.cast(weight_decay, tl.float32)
@@ -124,17 +164,20 @@ def _adamw_step(table_ptr, n_tensors, chunk_tensor_ptr, chunk_start_ptr, numel_p
     bc1 = 1.0 - tl.exp2(step * tl.cast(log2_beta1, tl.float32))
     bc2_sqrt = tl.sqrt(1.0 - tl.exp2(step * tl.cast(log2_beta2, tl.float32)))
     has_grad = tl.load(have_ptr + t) != 0
-    if (start + BLOCK <= n) & aligned:  # a whole, aligned block: no mask, vector loads
-        _update(m_ptr, v_ptr, ema_ptr, coef_ptr,
-                tl.max_contiguous(tl.multiple_of(p_offs, 4), BLOCK),
-                tl.max_contiguous(tl.multiple_of(g_offs, 4), BLOCK),
-                tl.max_contiguous(tl.multiple_of(s_offs, 16), BLOCK), None, has_grad,
-                lr, beta1, beta2, bc1, bc2_sqrt, eps, weight_decay, ema_weight,
-                HAS_CLIP, HAS_EMA)
-    else:  # the tensor's last, partial block, or a tensor that is not 16-byte aligned
-        _update(m_ptr, v_ptr, ema_ptr, coef_ptr, p_offs, g_offs, s_offs, start + idx < n,
-                has_grad, lr, beta1, beta2, bc1, bc2_sqrt, eps, weight_decay, ema_weight,
-                HAS_CLIP, HAS_EMA)
+    if HALF:
+        if tl.load(table_ptr + 3 * n_tensors + t) != 0:  # bf16 weight: step its fp32 master
+            _block(master_ptr, s_offs, half_ptr, g_offs, half_ptr, p_offs, m_ptr, v_ptr,
+                   ema_ptr, coef_ptr, s_offs, whole, mask, has_grad, lr, beta1, beta2, bc1,
+                   bc2_sqrt, eps, weight_decay, ema_weight, HAS_CLIP, HAS_EMA, True, 16, 8,
+                   BLOCK)
+        else:
+            _block(m_ptr, p_offs, m_ptr, g_offs, m_ptr, p_offs, m_ptr, v_ptr, ema_ptr,
+                   coef_ptr, s_offs, whole, mask, has_grad, lr, beta1, beta2, bc1, bc2_sqrt,
+                   eps, weight_decay, ema_weight, HAS_CLIP, HAS_EMA, False, 4, 4, BLOCK)
+    else:
+        _block(m_ptr, p_offs, m_ptr, g_offs, m_ptr, p_offs, m_ptr, v_ptr, ema_ptr, coef_ptr,
+               s_offs, whole, mask, has_grad, lr, beta1, beta2, bc1, bc2_sqrt, eps,
+               weight_decay, ema_weight, HAS_CLIP, HAS_EMA, False, 4, 4, BLOCK)
 
 
 @triton.jit
@@ -145,6 +188,18 @@ def _fetch_table(src_addr, dst_ptr, n, BLOCK: tl.constexpr):
     src = src_addr.to(tl.pointer_type(tl.int64))
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(dst_ptr + i, tl.load(src + i, mask=i < n), mask=i < n)
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """``clip_grad_norm_``'s total 2-norm, each tensor's norm accumulated in fp32 whatever the
+    gradient's dtype (bf16 gradients: the norm of their exact fp32 values, as autocast's fp32
+    gradients would give), one multi-tensor launch per dtype."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    norms = [n for group in by_dtype.values()
+             for n in torch._foreach_norm(group, 2.0, dtype=torch.float32)]
+    return torch.linalg.vector_norm(torch.stack(norms), 2.0)
 
 
 def _chunks(sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,10 +237,10 @@ def _checked(params: Iterable[torch.Tensor], betas: tuple[float, float]) -> list
         raise FasttrainError("FlatAdamW got the same parameter twice")
     device = params[0].device
     for p in params:
-        if p.dtype != torch.float32 or p.device != device or p.is_sparse:
+        if p.dtype not in _WEIGHT_DTYPES or p.device != device or p.is_sparse:
             raise FasttrainError(
-                f"FlatAdamW needs dense fp32 weights on one device; got {p.dtype} on "
-                f"{p.device} (bf16 weights: use optimizer_impl=fused)")
+                f"FlatAdamW needs dense fp32 or bf16 weights on one device; got {p.dtype} on "
+                f"{p.device}")
         if not dense(p):
             raise FasttrainError(f"FlatAdamW needs dense weights; one of shape "
                                  f"{tuple(p.shape)} has strides {p.stride()}")
@@ -210,8 +265,13 @@ class FlatAdamW(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, max_grad_norm: float = 0.0):
+                 weight_decay: float = 1e-2, max_grad_norm: float = 0.0,
+                 masters: Iterable[torch.Tensor | None] | None = None):
         params = _checked(params, betas)
+        masters = [None] * len(params) if masters is None else list(masters)
+        if len(masters) != len(params):
+            raise FasttrainError(f"FlatAdamW got {len(masters)} master weights for "
+                                 f"{len(params)} parameters")
         device = params[0].device
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       capturable=True, foreach=False, fused=False,
@@ -229,14 +289,28 @@ class FlatAdamW(torch.optim.Optimizer):
         self._exp_avg_sq = torch.zeros(total, dtype=torch.float32, device=device)
         self._steps = torch.zeros(len(params), dtype=torch.float32, device=device)
         self._slot = offsets
+        # bf16 weights: the fp32 master copies the kernel steps, at the state's offsets
+        self._half = [p.dtype == torch.bfloat16 for p in params]
+        self._master: torch.Tensor | None = None
+        self._anchor = torch.empty(8, dtype=torch.bfloat16, device=device)  # bf16 origin
+        if any(self._half):
+            self._master = torch.zeros(total, dtype=torch.float32, device=device)
+            for i, (p, m) in enumerate(zip(params, masters)):
+                if self._half[i]:
+                    src = p.detach() if m is None else m.detach()
+                    if src.shape != p.shape:
+                        raise FasttrainError(f"FlatAdamW: a master weight of shape "
+                                             f"{tuple(src.shape)} for a weight of shape "
+                                             f"{tuple(p.shape)}")
+                    _view(self._master, offsets[i], p).copy_(src)
         self._ema: torch.Tensor | None = None
         self._ema_weight = 0.0
         self._bind_state()
-        # where the weights, then the gradients, are, then whether both are 16-byte aligned;
-        # fetched to the device when they change. Eager steps alternate between two pinned
+        # where the weights, then the gradients, are, then whether both are 16-byte aligned,
+        # then whether the weight is bf16; fetched to the device when they change. Eager steps alternate between two pinned
         # host tables (a table is rewritten only after the fetch that read it has run); a
         # capture takes a spare one, made outside it, and a device table of its own.
-        self._table = torch.zeros(3 * len(params), dtype=torch.int64, device=device)
+        self._table = torch.zeros(4 * len(params), dtype=torch.int64, device=device)
         self._hosts = [self._new_host_table(), self._new_host_table()]
         self._fetched: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
@@ -251,29 +325,41 @@ class FlatAdamW(torch.optim.Optimizer):
             self.state[p] = {"step": self._steps[i],
                              "exp_avg": _view(self._exp_avg, self._slot[i], p),
                              "exp_avg_sq": _view(self._exp_avg_sq, self._slot[i], p)}
+            if self._half[i]:
+                self.state[p]["master"] = self.masters[i]
+
+    @property
+    def masters(self) -> list[torch.Tensor | None]:
+        """The fp32 master copy of each bf16 weight (views into the flat buffer), None for an
+        fp32 weight (its own master)."""
+        return [_view(self._master, off, p) if half else None
+                for off, p, half in zip(self._slot, self.params, self._half)]
 
     def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)  # replaces the state with new tensors: copy them in
-        loaded = {p: dict(self.state[p]) for p in self.params if p in self.state}
+        # torch's loader casts floating state to the weight's dtype (bf16 for a bf16 weight):
+        # take the saved tensors as they are, and let it load the rest (the groups' settings)
+        saved = state_dict["state"]
+        ids = state_dict["param_groups"][0]["params"] if state_dict["param_groups"] else []
+        super().load_state_dict(state_dict)
         self._bind_state()
-        for p, s in loaded.items():
-            for key in ("exp_avg", "exp_avg_sq", "step"):
-                if key in s:
-                    self.state[p][key].copy_(s[key])
+        for p, pid in zip(self.params, ids):
+            for key, value in saved.get(pid, {}).items():
+                if key in self.state[p]:
+                    self.state[p][key].copy_(value)
 
     def attach_ema(self, decay: float) -> list[torch.Tensor]:
         """Keep an fp32 EMA of the weights, updated by the step kernel; its tensors (views)."""
         self._ema = torch.empty_like(self._exp_avg)
         shadow = [_view(self._ema, off, p) for off, p in zip(self._slot, self.params)]
-        for s, p in zip(shadow, self.params):
-            s.copy_(p.detach())
+        for s, p, m in zip(shadow, self.params, self.masters):
+            s.copy_(p.detach() if m is None else m)
         self._ema_weight = 1.0 - float(decay)
         return shadow
 
     # ------------------------------------------------------------------ step
     def _new_host_table(self) -> torch.Tensor:
         pin = self.device.type == "cuda"
-        return torch.zeros(3 * len(self.params), dtype=torch.int64, pin_memory=pin)
+        return torch.zeros(4 * len(self.params), dtype=torch.int64, pin_memory=pin)
 
     def add_param_group(self, param_group: dict) -> None:
         if self.param_groups:
@@ -286,7 +372,7 @@ class FlatAdamW(torch.optim.Optimizer):
             g = p.grad
             if g is not None and g.is_sparse:
                 raise FasttrainError("FlatAdamW does not take sparse gradients")
-            if g is not None and (g.dtype != torch.float32 or g.stride() != p.stride()):
+            if g is not None and (g.dtype != p.dtype or g.stride() != p.stride()):
                 g = torch.empty_like(p).copy_(g)  # the weight's dtype and memory order
             grads.append(g)
         return grads
@@ -294,10 +380,15 @@ class FlatAdamW(torch.optim.Optimizer):
     def _upload(self, grads: list[torch.Tensor | None]) -> torch.Tensor:
         """Where the weights and gradients are, into a device table (see the module docstring
         on graphs); the table the kernel reads."""
-        origin = self._exp_avg.data_ptr()
-        p_at = [(p.data_ptr() - origin) // 4 for p in self.params]
-        g_at = [(g.data_ptr() - origin) // 4 if g is not None else 0 for g in grads]
-        ptrs = p_at + g_at + [int(a % 4 == 0 and b % 4 == 0) for a, b in zip(p_at, g_at)]
+        origins = (self._exp_avg.data_ptr(), self._anchor.data_ptr())
+        p_at, g_at, aligned = [], [], []
+        for p, g, half in zip(self.params, grads, self._half):
+            origin, size = origins[half], p.element_size()
+            p_at.append((p.data_ptr() - origin) // size)
+            g_at.append((g.data_ptr() - origin) // size if g is not None else 0)
+            vector = 16 // size  # elements in 16 bytes (origins are 16-byte aligned)
+            aligned.append(int(p_at[-1] % vector == 0 and g_at[-1] % vector == 0))
+        ptrs = p_at + g_at + aligned + [int(h) for h in self._half]
         if self.device.type != "cuda":
             self._table.copy_(torch.tensor(ptrs, dtype=torch.int64))
             return self._table
@@ -354,8 +445,7 @@ class FlatAdamW(torch.optim.Optimizer):
         with guard:
             coef = None
             if self.max_grad_norm > 0 and present:
-                norm = torch.nn.utils.get_total_norm(present, 2.0)
-                coef = torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
+                coef = torch.clamp(self.max_grad_norm / (_total_norm(present) + 1e-6), max=1.0)
             increments = self._increments(grads)
             self._steps.add_(increments)
             table = self._upload(grads)
@@ -366,8 +456,9 @@ class FlatAdamW(torch.optim.Optimizer):
                 self._offsets, self._steps, increments, self._exp_avg, self._exp_avg_sq,
                 self._ema if self._ema is not None else dummy,
                 coef if coef is not None else dummy,
+                self._master if self._master is not None else dummy, self._anchor,
                 float(group["lr"]), float(beta1), float(beta2), math.log2(beta1),
                 math.log2(beta2), float(group["eps"]), float(group["weight_decay"]),
                 self._ema_weight, HAS_CLIP=coef is not None, HAS_EMA=self._ema is not None,
-                BLOCK=LAUNCH["block"], num_warps=LAUNCH["warps"])
+                HALF=self._master is not None, BLOCK=LAUNCH["block"], num_warps=LAUNCH["warps"])
         return loss

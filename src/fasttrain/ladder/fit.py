@@ -52,7 +52,8 @@ def persistent_estimate(spec: FitSpec) -> dict[str, float]:
     with torch.device("meta"):
         model = wl.build_model()
     r = spec.recipe
-    wbytes = 2 if r.precision == "bf16-true" else 4
+    # bf16-true, or bf16-mixed with master weights (its linear/conv weights: most of a model)
+    wbytes = 2 if r.precision == "bf16-true" or r.master_weights else 4
     params = sum(p.numel() for p in model.parameters())
     train = sum(p.numel() for p in wl.trainable(model).parameters() if p.requires_grad)
     state = {"adamw": 2, "sgd": 1}[r.optimizer] * 4 * train

@@ -27,7 +27,8 @@ def check(state: TrainState) -> None:
     """Refuse what save/resume cannot handle, before any step runs."""
     if not isinstance(state.optimizer, torch.optim.Optimizer) or state.zero1:
         raise FasttrainError("checkpoints need a plain or FSDP2-sharded optimizer; offload, "
-                             "master_weights and zero1 are not supported for save/resume yet")
+                             "bf16-true's master_weights and zero1 are not supported for "
+                             "save/resume yet")
 
 
 def _state(state: TrainState) -> dict:

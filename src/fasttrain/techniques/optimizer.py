@@ -1,5 +1,5 @@
 """Optimizer: AdamW (for-loop, foreach or fused) or lean SGD, a schedule, fp32 master weights
-for bf16-true, and CPU offload of the optimizer state.
+for bf16-true and bf16-mixed, and CPU offload of the optimizer state.
 
 When it helps: a fused AdamW on GPUs with many parameter tensors — the source measured Adam at
 125.6 ms in 6,860 elementwise kernels, and 25.0 ms in 47 multi-tensor kernels once fused. SGD with
@@ -8,6 +8,11 @@ schedule). Master weights keep bf16-true training from losing small updates to b
 Offload moves optimizer state and master weights to pinned CPU memory and runs the update there.
 ``triton`` (fasttrain.kernels.adamw) goes further for AdamW: gradient clipping, the update and
 the EMA in one launch over every tensor, 40 bytes of memory traffic per weight instead of 52.
+With bf16-mixed, ``master_weights`` stores the weights that autocast would cast to bf16 on every
+step (those of linear and convolution layers) in bf16, and the one-launch AdamW keeps their fp32
+masters: the forward's casts of the weights and the backward's casts of their gradients to fp32
+(two passes over every such weight, hundreds of small kernels a step) disappear; the matmuls see
+the same bf16 weights, the optimizer the same gradient values.
 Numerics: fused/foreach/for-loop/triton differ only in rounding order; SGD and schedules change
 the training (they are recipe choices, not speed-ups).
 """
@@ -17,6 +22,7 @@ import os
 
 import torch
 
+from ..errors import FasttrainError
 from ..recipe import Recipe
 from .base import Technique, TrainState
 
@@ -73,7 +79,7 @@ def _flat_unfit(state: TrainState, params: list[torch.Tensor]) -> str | None:
     if not runs_on(params[0]):
         return "its Triton kernel runs on CUDA (or on the CPU under TRITON_INTERPRET=1)"
     dtypes = {p.dtype for p in params}
-    if dtypes != {torch.float32}:
+    if dtypes != {torch.float32}:  # (bf16-mixed's master weights become bf16 after this check)
         names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
         return f"it steps fp32 weights, these are {names} (precision={state.recipe.precision})"
     if len({p.device for p in params}) > 1:
@@ -83,6 +89,65 @@ def _flat_unfit(state: TrainState, params: list[torch.Tensor]) -> str | None:
     if not all(dense(p) for p in params):
         return "a weight is a strided view (not dense)"
     return None
+
+
+MATMUL_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+
+
+def matmul_weights(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The trainable weights and biases that autocast casts to 16 bits on every forward: those
+    of linear and convolution layers (and subclasses, such as fp8's). A parameter that another
+    kind of module also uses (an embedding tied to the output layer) is left out: autocast
+    would not cast it there."""
+    owners: dict[int, list[torch.nn.Module]] = {}
+    params: dict[int, torch.nn.Parameter] = {}
+    for m in module.modules():
+        for p in m.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(m)
+            params[id(p)] = p
+    return [p for i, p in params.items() if p.requires_grad and p.dtype == torch.float32
+            and all(isinstance(m, MATMUL_LAYERS) for m in owners[i])]
+
+
+def _store_in_bf16(weights: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Each weight becomes bf16 in place (the same Parameter, so modules, hooks and compile
+    see it); returns the fp32 originals, the optimizer's masters."""
+    originals = []
+    with torch.no_grad():
+        for p in weights:
+            originals.append(p.detach().clone())
+            p.data = p.data.to(torch.bfloat16)
+    return originals
+
+
+def _mixed_masters(state: TrainState, params: list[torch.Tensor], lr: float, what: str) -> str:
+    """bf16-mixed with master_weights: the matmul weights in bf16, fp32 masters in FlatAdamW."""
+    r = state.recipe
+    if state.world > 1:
+        raise FasttrainError("recipe: master_weights with bf16-mixed runs on one process (DDP "
+                             "would all-reduce bf16 gradients); turn it off for "
+                             f"{state.world} ranks")
+    why = _flat_unfit(state, params)
+    if why is not None:
+        raise FasttrainError(f"recipe: master_weights with bf16-mixed keeps its fp32 masters "
+                             f"in the one-launch AdamW (optimizer_impl=triton), which cannot "
+                             f"run here: {why}")
+    from ..kernels.adamw import FlatAdamW
+
+    weights = matmul_weights(state.trainable)
+    if not weights:
+        state.warn("optimizer", "master_weights: no trainable linear or convolution weights "
+                   "to store in bf16")
+    originals = {id(p): fp32 for p, fp32 in zip(weights, _store_in_bf16(weights))}
+    state.optimizer = FlatAdamW(params, lr=lr, weight_decay=r.weight_decay,
+                                max_grad_norm=r.grad_clip,
+                                masters=[originals.get(id(p)) for p in params])
+    _schedule(state)
+    n16 = sum(p.numel() for p in weights)
+    clip = ", gradient clipping inside" if r.grad_clip else ""
+    return (f"{what} over {len(params)} tensors ({sum(p.numel() for p in params) / 1e6:.1f} M "
+            f"params): one Triton launch a step{clip}; {len(weights)} linear/conv weights "
+            f"({n16 / 1e6:.1f} M) stored in bf16 with fp32 masters in the optimizer")
 
 
 def _zero1(params, recipe, lr: float):
@@ -112,6 +177,8 @@ def apply(state: TrainState) -> str:
     lr = r.lr or state.workload.reference_lr
     n = sum(p.numel() for p in params)
     what = f"{r.optimizer} {r.optimizer_impl}, lr {lr:g} ({r.schedule})"
+    if r.master_weights and r.mixed:
+        return _mixed_masters(state, params, lr, what)
     if r.offload == "optimizer" or r.master_weights:
         where = torch.device("cpu") if r.offload == "optimizer" else state.device
         state.optimizer = ShadowOptimizer(params, r, lr, where)

@@ -205,7 +205,9 @@ class Swin(nn.Module):
         self.apply(_init_weights)
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
-        x = normalize_images(images, self.patch_embed.weight.dtype, self.channels_last)
+        # the model's own dtype (bf16 with bf16-true), which its norms keep: the matmul
+        # weights are bf16 also under bf16-mixed with master weights
+        x = normalize_images(images, self.norm.weight.dtype, self.channels_last)
         x = self.patch_norm(self.patch_embed.tokens(x))  # (B, H, W, C)
         x = self.norm(self.stages(x))
         return x.mean(dim=(1, 2))  # (B, C)

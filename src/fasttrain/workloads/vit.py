@@ -84,7 +84,9 @@ class ViT(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.classes)
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
-        x = normalize_images(images, self.patch_embed.weight.dtype, self.channels_last)
+        # the model's own dtype (bf16 with bf16-true), which its norms keep: the matmul
+        # weights are bf16 also under bf16-mixed with master weights
+        x = normalize_images(images, self.norm.weight.dtype, self.channels_last)
         x = self.patch_embed.tokens(x).flatten(1, 2)  # (B, N, C)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
