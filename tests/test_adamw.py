@@ -200,3 +200,127 @@ def test_recipe_falls_back_where_the_weights_are_not_fp32():
     assert "fused: triton could not run" in res.applied["optimizer"]
     assert any("these are bfloat16 (precision=bf16-true); using PyTorch's fused AdamW" in w
                for w in res.warnings)
+
+
+def _bf16_pair(seed: int = 0):
+    """fp32 weights for the reference, the same as bf16 weights with fp32 masters; one weight
+    (a norm's, say) stays fp32 among the bf16 ones."""
+    init = _weights(seed)
+    half = [True, True, True, False, True]
+    ref = [w.clone().requires_grad_() for w in init]
+    ours = [(w.bfloat16() if h else w.clone()).requires_grad_() for w, h in zip(init, half)]
+    masters = [w.clone() if h else None for w, h in zip(init, half)]
+    return ref, ours, masters, half
+
+
+def _set_bf16(ws, grads, missing=()):
+    """bf16 gradients for bf16 weights, in the weight's memory order; fp32 for the others."""
+    _set(ws, [g.bfloat16().to(w.dtype) for g, w in zip(grads, ws)], missing)
+
+
+def test_bf16_weights_step_their_fp32_masters_and_get_them_rounded_to_nearest(small_blocks):
+    """master_weights under bf16-mixed: given the same gradient values, the fp32 masters move as
+    fp32 weights would (clip, AdamW, EMA of the masters), and the bf16 weights are exactly the
+    masters rounded to nearest even (Tensor.to(bfloat16)), not truncated."""
+    ref, ours, masters, half = _bf16_pair()
+    ref_opt = FlatAdamW(ref, lr=1e-2, betas=(0.8, 0.95), max_grad_norm=0.5)
+    ref_ema = ref_opt.attach_ema(0.9)
+    opt = FlatAdamW(ours, lr=1e-2, betas=(0.8, 0.95), max_grad_norm=0.5, masters=masters)
+    ema = opt.attach_ema(0.9)
+    for step in range(4):
+        missing = (1,) if step == 2 else ()
+        _set_bf16(ref, _grads(step), missing)
+        for w in ref:  # the reference steps the same values in fp32
+            w.grad = None if w.grad is None else w.grad.float()
+        _set_bf16(ours, _grads(step), missing)
+        ref_opt.step()
+        opt.step()
+    assert [w.dtype for w in ours] == [torch.bfloat16] * 3 + [torch.float32, torch.bfloat16]
+    for w, r, m, h, e, re in zip(ours, ref, opt.masters, half, ema, ref_ema):
+        torch.testing.assert_close(m if h else w, r.detach(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(e, re, rtol=1e-6, atol=1e-7)
+        if h:
+            assert torch.equal(w.detach(), m.bfloat16())  # rounded, not truncated
+            assert w.stride() == r.stride()
+        else:
+            assert m is None
+    assert [float(opt.state[w]["step"]) for w in ours] == [4, 3, 4, 4, 4]
+
+
+def test_bf16_masters_survive_a_state_dict_round_trip_in_fp32(small_blocks):
+    """torch's loader casts floating state to the weight's dtype: the masters and moments of a
+    bf16 weight must come back in fp32, bit for bit, also through DCP's state-dict helpers."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    _, ours, masters, _ = _bf16_pair()
+    opt = FlatAdamW(ours, lr=1e-2, masters=masters)
+    for step in range(2):
+        _set_bf16(ours, _grads(step))
+        opt.step()
+    saved = opt.state_dict()
+    assert saved["state"][0]["master"].dtype == torch.float32
+    assert "master" not in saved["state"][3]  # the fp32 weight is its own master
+    fresh_w = [w.detach().clone().requires_grad_() for w in ours]
+    fresh = FlatAdamW(fresh_w, lr=1e-2)  # masters from the bf16 weights: overwritten on load
+    fresh.load_state_dict(saved)
+    assert torch.equal(fresh._master, opt._master)
+    assert torch.equal(fresh._exp_avg, opt._exp_avg) and torch.equal(fresh._exp_avg_sq,
+                                                                     opt._exp_avg_sq)
+    _set_bf16(ours, _grads(2))
+    _set_bf16(fresh_w, _grads(2))
+    opt.step()
+    fresh.step()
+    for a, b in zip(ours, fresh_w):
+        assert torch.equal(a, b)
+
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7))
+    model[0].to(torch.bfloat16)
+    opt = FlatAdamW(list(model.parameters()), lr=1e-2)
+    model(torch.randn(4, 5).bfloat16()).float().sum().backward()
+    opt.step()
+    _, optim_sd = get_state_dict(model, opt)
+    twin = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7))
+    twin[0].to(torch.bfloat16)
+    twin.load_state_dict(model.state_dict())
+    twin_opt = FlatAdamW(list(twin.parameters()), lr=1e-2)
+    twin_opt._master.zero_()
+    set_state_dict(twin, twin_opt, model_state_dict=twin.state_dict(), optim_state_dict=optim_sd)
+    assert torch.equal(twin_opt._master, opt._master)
+    assert torch.equal(twin_opt._exp_avg, opt._exp_avg)
+
+
+def test_recipe_master_weights_under_bf16_mixed_keep_autocast_s_losses_bit_for_bit():
+    """Autocast over fp32 weights casts them to bf16 for every matmul and brings the bf16
+    gradients back as fp32: storing those weights in bf16 with fp32 masters is the same
+    arithmetic (eager, on the CPU). Linear weights become bf16, norms and embeddings do not."""
+    from fasttrain.recipe import Recipe
+    from fasttrain.run.loop import prepare, train
+    from fasttrain.workloads import load_workload
+
+    for name in ("vit", "llama"):
+        wl = load_workload(name, "tiny")
+        base = Recipe(precision="bf16-mixed", optimizer_impl="triton", lr=1e-3)
+        plain = train(wl, base, steps=3, warmup=0, device="cpu")
+        ours = train(wl, base.replace(master_weights=True), steps=3, warmup=0, device="cpu")
+        assert ours.losses == plain.losses
+        assert "stored in bf16 with fp32 masters in the optimizer" in ours.applied["optimizer"]
+        assert not ours.warnings
+    state, _, _ = prepare(load_workload("vit", "tiny"),
+                          Recipe(precision="bf16-mixed", optimizer_impl="triton",
+                                 master_weights=True), torch.device("cpu"))
+    dtypes = {n: p.dtype for n, p in state.model.named_parameters()}
+    assert dtypes["blocks.0.mlp.fc1.weight"] == dtypes["head.bias"] == torch.bfloat16
+    assert dtypes["blocks.0.norm1.weight"] == dtypes["pos_embed"] == torch.float32
+
+
+def test_matmul_weights_leave_out_weights_shared_with_other_layers():
+    from fasttrain.techniques.optimizer import matmul_weights
+
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=True)
+    head.weight = emb.weight  # tied, as LLMs' input and output embeddings often are
+    frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+    model = torch.nn.ModuleDict({"emb": emb, "head": head, "conv": torch.nn.Conv2d(2, 2, 3),
+                                 "norm": torch.nn.LayerNorm(4), "frozen": frozen})
+    got = {id(p) for p in matmul_weights(model)}
+    assert got == {id(head.bias), id(model["conv"].weight), id(model["conv"].bias)}

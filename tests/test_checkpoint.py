@@ -10,7 +10,11 @@ from fasttrain.workloads import load_workload
 
 
 @pytest.mark.parametrize("recipe", [Recipe(batch=8, accumulation=2),
-                                    Recipe(batch=4, schedule="cosine", ema="foreach")])
+                                    Recipe(batch=4, schedule="cosine", ema="foreach"),
+                                    # bf16 weights: their fp32 masters come back from the
+                                    # optimizer state (the one-launch AdamW, interpreted)
+                                    Recipe(batch=4, precision="bf16-mixed", ema="foreach",
+                                           optimizer_impl="triton", master_weights=True)])
 def test_resume_continues_the_straight_run(tmp_path, recipe):
     wl = load_workload("llama", "tiny")
     straight = train(wl, recipe, steps=6, warmup=0).losses

@@ -156,18 +156,21 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
 
     axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
             for w in ("vit", "sd", "llama", "swin")}
-    assert axes["vit"] == ["graphs", "one-launch optimizer", "kernels patch", "kernels gelu",  # GEMM patches, MLP
+    assert axes["vit"] == ["graphs", "one-launch optimizer", "bf16 master weights",
+                           "kernels patch", "kernels gelu",  # GEMM patches, MLP
                            "kernels layernorm", "autotuned reductions"]  # LayerNorm backwards
-    assert axes["sd"] == ["graphs", "one-launch optimizer", "kernels groupnorm",
-                          "no NHWC"]  # a conv model
-    assert axes["swin"] == ["graphs", "one-launch optimizer", "math attention", "kernels window", "kernels patch",
-                            "kernels gelu", "kernels layernorm", "autotuned reductions"]
+    assert axes["sd"] == ["graphs", "one-launch optimizer", "bf16 master weights",
+                          "kernels groupnorm", "no NHWC"]  # a conv model
+    assert axes["swin"] == ["graphs", "one-launch optimizer", "bf16 master weights", "math attention",
+                            "kernels window", "kernels patch", "kernels gelu", "kernels layernorm",
+                            "autotuned reductions"]
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
-    assert axes["llama"] == ["graphs", "one-launch optimizer", "kernels rope", "kernels loss",  # fused-kernel layers
+    assert axes["llama"] == ["graphs", "one-launch optimizer", "bf16 master weights",
+                             "kernels rope", "kernels loss",  # fused-kernel layers
                              "autotuned reductions"]  # RMSNorm backwards
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
-    assert big == ["graphs", "one-launch optimizer", "fp8 large", "fp8", "kernels rope", "kernels loss",
-                   "autotuned reductions"]
+    assert big == ["graphs", "one-launch optimizer", "bf16 master weights", "fp8 large", "fp8",
+                   "kernels rope", "kernels loss", "autotuned reductions"]
     search = FastSearch(load_workload("sd", "tiny"), Recipe())
     search.axes.insert(1, ("fp8", "fp8", "linear"))
     search.axes.insert(2, ("fp8 large", "fp8", "large"))
@@ -189,7 +192,9 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                              "parity": {"passed": False}}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + one-launch optimizer"
     assert (rec.cuda_graphs, rec.fp8, rec.optimizer_impl) == (True, "linear", "triton")
-    # it gained 0.4 %, under the margin: the GroupNorm kernels are tried without it
+    # it gained 0.4 %, under the margin: master weights (which need it) are not tried, the
+    # GroupNorm kernels are, without it
+    assert search.axes[0][1] == "master_weights"
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 13.05}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + kernels groupnorm"
     assert (rec.kernels, rec.optimizer_impl) == ("groupnorm", "fused")
@@ -232,6 +237,16 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 100.0}, rec)  # compile
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 110.0}, rec)  # graphs: kept
     assert rung.name == "fast: compile + graphs + one-launch optimizer"
+    rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 112.0}, rec)  # kept
+    assert rung.name == "fast: compile + graphs + one-launch optimizer + bf16 master weights"
+    assert (rec.master_weights, rec.optimizer_impl, rec.cuda_graphs) == (True, "triton", True)
+    rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 111.0}, rec)  # slower
+    assert (rung.name, rec.master_weights) == (
+        "fast: compile + graphs + one-launch optimizer + kernels rope", False)
+    llama = FastSearch(load_workload("llama", "tiny"), Recipe())
+    rung, rec = llama.first()
+    rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 100.0}, rec)  # compile
+    rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 110.0}, rec)  # graphs: kept
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 109.0}, rec)  # slower
     assert (rung.name, rec.optimizer_impl) == ("fast: compile + graphs + kernels rope", "fused")
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 110.3}, rec)  # a tie
@@ -254,8 +269,9 @@ def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
     # one rung per switch, each on top of the best so far; graphs need CUDA (skipped)
     assert names[:4] == ["fp32", "fast: compile", "fast: compile + graphs",
                          "fast: compile + one-launch optimizer"]  # interpreted on the CPU
-    # what follows builds on whichever of compile / compile + optimizer measured faster
-    kept = [n.removeprefix("fast: ") for n in names[4:6]]
+    # what follows builds on whichever of compile / compile + optimizer measured faster (with
+    # the optimizer, master weights are tried next)
+    kept = [n.removeprefix("fast: ") for n in names[4:7] if "master weights" not in n][:2]
     for opt in ("", " + one-launch optimizer"):
         if kept[0] == f"compile{opt} + kernels patch":
             assert kept[1] in (f"compile{opt} + kernels gelu", f"compile{opt} + kernels gelu,patch")

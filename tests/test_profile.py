@@ -94,6 +94,8 @@ def _with(**changes):
     ("launch_bound", _with(kernels__idle_fraction=0.3, kernels__launches_per_step=3000), FAST),
     ("allocator_churn", _with(memory__cuda_malloc_per_step=40.0, memory__reserved_pattern="saw-tooth"), FAST),
     ("memory_growth", _with(memory__growth_mib_per_step=12.0), FAST),
+    ("dtype_casts", _with(kernels__casts={"per_step": 277, "ms_per_step": 0.65, "share": 0.029}),
+     FAST),
 ])
 def test_gpu_rules_trigger_on_their_measurement_and_stay_quiet_on_a_clean_profile(rule, triggering, recipe):
     assert rule in _rules(triggering, recipe)
@@ -101,7 +103,18 @@ def test_gpu_rules_trigger_on_their_measurement_and_stay_quiet_on_a_clean_profil
 
 
 def test_every_rule_is_covered_above():
-    assert len(RULES) == 9
+    assert len(RULES) == 10
+
+
+def test_dtype_casts_rule_suggests_master_weights_only_where_they_can_run():
+    p = _with(kernels__casts={"per_step": 610, "ms_per_step": 3.9, "share": 0.042})
+    found = {f.rule: f for f in advise(p, FAST)}["dtype_casts"]
+    assert "610 dtype-cast kernels a step, 3.90 ms (4.2% of GPU time)" in found.evidence
+    assert suggest_recipe(FAST, [found]).master_weights
+    for r in (FAST.replace(precision="fp16-mixed"), FAST.replace(accumulation=2),
+              FAST.replace(optimizer_impl="triton", master_weights=True),
+              FAST.replace(sharding="zero2")):
+        assert "dtype_casts" not in _rules(p, r)
 
 
 def test_churn_with_expandable_segments_is_not_reported_again():
@@ -177,6 +190,8 @@ def test_kernel_view_leaves_out_annotation_spans_and_counts_optimizer_spans(tmp_
     events = [x("gpu_user_annotation", "phase:forward", 0, 100),
               x("kernel", "sm90_xmma_gemm_bf16", 0, 40),
               x("kernel", "vectorized_elementwise_kernel<add>", 50, 10),
+              x("kernel", "triton_poi_fused__to_copy_27", 60, 5),
+              x("kernel", "triton_poi_fused__to_copy_add_view_3", 65, 5),
               x("gpu_user_annotation", "Optimizer.step#AdamW.step", 100, 50),
               x("kernel", "vectorized_elementwise_kernel<mul>", 110, 20),
               x("cpu_op", "aten::mm", 0, 500), x("gpu_memcpy", "Memcpy HtoD", 140, 10)]
@@ -184,8 +199,10 @@ def test_kernel_view_leaves_out_annotation_spans_and_counts_optimizer_spans(tmp_
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
     view = summary_from_trace(path, active_steps=1)
-    assert view["kernels"] == 4  # copies stay copies, inside the optimizer span too
-    assert view["gpu_ms_per_step"] == {"gemm": 0.04, "optimizer": 0.02, "elementwise": 0.01,
+    assert view["kernels"] == 6  # copies stay copies, inside the optimizer span too
+    assert view["gpu_ms_per_step"] == {"gemm": 0.04, "optimizer": 0.02, "elementwise": 0.02,
                                        "memcpy": 0.01}
-    assert view["idle_fraction"] == pytest.approx(1 - 80 / 150)
+    # a pure dtype cast counts as one; a cast fused with other work does not
+    assert view["casts"] == {"per_step": 1, "ms_per_step": 0.005, "share": pytest.approx(5 / 90)}
+    assert view["idle_fraction"] == pytest.approx(1 - 90 / 150)
     assert all(not name.startswith(("phase:", "Optimizer")) for name, _ in view["top_kernels"])

@@ -23,6 +23,16 @@ def test_defaults_are_the_fp32_baseline():
     ({"autotune_reductions": True}, "autotune_reductions tunes torch.compile's kernels"),
     ({"optimizer_impl": "triton", "optimizer": "sgd"}, "it takes optimizer=adamw"),
     ({"compile_cache": True}, "compile_cache keeps torch.compile's results"),
+    ({"master_weights": True, "precision": "fp16-mixed"}, "bf16-true or bf16-mixed, not fp16"),
+    ({"master_weights": True, "precision": "bf16-mixed"}, "set optimizer_impl=triton"),
+    ({"master_weights": True, "precision": "bf16-mixed", "optimizer_impl": "triton",
+      "accumulation": 2}, "set accumulation=1"),
+    ({"master_weights": True, "precision": "bf16-mixed", "optimizer_impl": "triton",
+      "sharding": "zero2"}, "runs on one process, not with sharding=zero2"),
+    ({"master_weights": True, "precision": "bf16-true", "optimizer_impl": "triton"},
+     "master_weights only with bf16-mixed"),
+    ({"master_weights": True, "precision": "bf16-true", "cuda_graphs": True},
+     "(unless bf16-mixed) master_weights"),
 ])
 def test_bad_recipes_are_one_line_errors(changes, needle):
     with pytest.raises(FasttrainError) as err:
@@ -93,3 +103,9 @@ def test_describe_error_respects_from_none():
             raise ValueError("bad batch") from None
     except ValueError as err:
         assert describe_error(err) == "ValueError: bad batch"
+
+
+def test_bf16_mixed_master_weights_combine_with_cuda_graphs():
+    r = Recipe(precision="bf16-mixed", optimizer_impl="triton", master_weights=True,
+               cuda_graphs=True, compile="model")
+    assert r.master_weights and r.cuda_graphs

@@ -165,6 +165,8 @@ SMOKE = {
     "init-host": Recipe(init="host"),
     "sgd-cosine": Recipe(optimizer="sgd", schedule="cosine"),
     "master-weights": Recipe(precision="bf16-true", master_weights=True),
+    "master-weights-mixed": Recipe(precision="bf16-mixed", optimizer_impl="triton",
+                                   master_weights=True),  # the optimizer interpreted on CPU
     "padding": Recipe(pad_multiple=8),
     "kernels": Recipe(kernels="fused", batch=2),  # small: Triton kernels run interpreted
 }
@@ -334,3 +336,22 @@ def test_compile_cache_is_saved_after_a_run_and_loaded_by_the_next(tmp_path, mon
     other = train(wl, recipe.replace(batch=16), steps=1, warmup=1, device="cpu")
     assert "none yet" in other.applied["compile"]
     assert len(list((tmp_path / "compile").glob("*.bin"))) == 2
+
+
+def test_bf16_mixed_master_weights_refuse_several_ranks_and_a_missing_kernel(monkeypatch):
+    """DDP would all-reduce the bf16 gradients, and only the one-launch AdamW keeps the masters:
+    both are one-line errors before any weight is cast."""
+    from fasttrain.run.loop import prepare
+    from fasttrain.techniques import optimizer
+
+    recipe = Recipe(precision="bf16-mixed", optimizer_impl="triton", master_weights=True)
+    state, _, _ = prepare(load_workload("vit", "tiny"), recipe.replace(master_weights=False),
+                          torch.device("cpu"))
+    state.recipe, state.world = recipe, 2
+    with pytest.raises(FasttrainError, match="runs on one process .* for 2 ranks"):
+        optimizer.apply(state)
+    state.world = 1
+    monkeypatch.setattr(optimizer, "_flat_unfit", lambda s, p: "triton is not installed")
+    with pytest.raises(FasttrainError, match="cannot run here: triton is not installed"):
+        optimizer.apply(state)
+    assert all(p.dtype == torch.float32 for p in state.model.parameters())

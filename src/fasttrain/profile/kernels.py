@@ -37,6 +37,12 @@ CATEGORIES: list[tuple[str, re.Pattern]] = [
 ]
 
 
+# Kernels that only convert dtypes (an elementwise subset): Inductor's fused ``_to_copy`` (with a
+# transpose: ``_to_copy_t``) and eager ``.to()``'s copy kernel. Under autocast most of them cast
+# fp32 weights to bf16 and their bf16 gradients back (what bf16-mixed master_weights removes).
+CASTS = re.compile(r"^triton_poi_fused__to_copy(_t)?_\d+$|direct_copy_kernel")
+
+
 def categorize(name: str) -> str:
     for cat, pat in CATEGORIES:
         if pat.search(name):
@@ -80,8 +86,11 @@ def _summary(kernels: list[tuple[str, float, float]], annotations: list[tuple[st
     by_cat: dict[str, float] = defaultdict(float)
     top: Counter = Counter()
     spans = []
+    casts, cast_us = 0, 0.0
     for name, start, us in kernels:
         cat = categorize(name)
+        if cat == "elementwise" and CASTS.search(name):
+            casts, cast_us = casts + 1, cast_us + us
         if cat not in ("memcpy", "communication") and in_optimizer(start):
             cat = "optimizer"
         by_cat[cat] += us
@@ -98,6 +107,8 @@ def _summary(kernels: list[tuple[str, float, float]], annotations: list[tuple[st
                             sorted(by_cat.items(), key=lambda kv: -kv[1])},
         "share": {k: v / total for k, v in by_cat.items()},
         "idle_fraction": 1.0 - busy / window if window > 0 else 0.0,
+        "casts": {"per_step": casts / n, "ms_per_step": cast_us / 1e3 / n,
+                  "share": cast_us / total if total else 0.0},
         "top_kernels": [(name[:120], us / 1e3 / n) for name, us in top.most_common(8)],
     }
 
