@@ -324,3 +324,25 @@ def test_matmul_weights_leave_out_weights_shared_with_other_layers():
                                  "norm": torch.nn.LayerNorm(4), "frozen": frozen})
     got = {id(p) for p in matmul_weights(model)}
     assert got == {id(head.bias), id(model["conv"].weight), id(model["conv"].bias)}
+    # a fused bias + GELU reads fc1's bias itself (not autocast): it stays fp32; fp8's layers
+    # quantize their fp32 weights themselves: they stay fp32
+    from fasttrain.kernels.fp8_linear import Float8Linear
+    from fasttrain.layers.mlp import Mlp
+
+    mlp = Mlp(4, 8)
+    assert len(matmul_weights(mlp)) == 4
+    mlp.use_fused(True)
+    assert {id(p) for p in matmul_weights(mlp)} == {id(mlp.fc1.weight), id(mlp.fc2.weight),
+                                                    id(mlp.fc2.bias)}
+    mlp.fc2.__class__ = Float8Linear
+    assert {id(p) for p in matmul_weights(mlp)} == {id(mlp.fc1.weight)}
+
+
+def test_a_state_dict_without_masters_takes_the_weights_as_they_are(small_blocks):
+    _, ours, masters, _ = _bf16_pair()
+    opt = FlatAdamW(ours, lr=1e-2, masters=masters)
+    saved = FlatAdamW([w.detach().float().requires_grad_() for w in ours], lr=1e-2).state_dict()
+    with torch.no_grad():
+        ours[0].add_(1.0)  # a weight loaded from elsewhere after the optimizer was built
+    opt.load_state_dict(saved)
+    assert torch.equal(opt.masters[0], ours[0].detach().float())

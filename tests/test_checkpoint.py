@@ -45,3 +45,12 @@ def test_export_writes_one_consolidated_file(tmp_path):
     train(wl, Recipe(), steps=1, warmup=0, save_to=str(tmp_path / "c"))
     full = torch.load(export(tmp_path / "c", tmp_path / "m.pt"), weights_only=False)
     assert full["model"]["head.weight"].shape == (10, 64) and "optim" in full
+    # bf16 weights with fp32 masters: the checkpoint's model weights are the fp32 masters
+    masters = Recipe(precision="bf16-mixed", optimizer_impl="triton", master_weights=True)
+    train(wl, masters, steps=1, warmup=0, save_to=str(tmp_path / "d"))
+    full = torch.load(export(tmp_path / "d", tmp_path / "n.pt"), weights_only=False)
+    head = full["model"]["head.weight"]
+    assert head.dtype == torch.float32 and not torch.equal(head, head.bfloat16().float())
+    with pytest.raises(FasttrainError, match="master_weights=True, this run master_weights=False"):
+        train(wl, masters.replace(master_weights=False), steps=1, warmup=0,
+              resume_from=str(tmp_path / "d"))

@@ -198,6 +198,9 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 13.05}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + kernels groupnorm"
     assert (rec.kernels, rec.optimizer_impl) == ("groupnorm", "fused")
+    (label, why), = search.drain_skipped()
+    assert label == "bf16 master weights" and "set optimizer_impl=triton" in why
+    assert search.drain_skipped() == []
     # they lost: NHWC off is tried without them
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.5}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + no NHWC"

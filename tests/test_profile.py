@@ -28,7 +28,8 @@ def test_sd_breakdown_has_the_source_table_parts_and_sums_to_the_step(tmp_path):
     for want in ("vae_encoder fwd", "text_encoder fwd", "unet fwd", "unet bwd", "clip",
                  "optimizer", "ema"):
         assert want in parts, parts
-    assert sum(r["share"] for r in p["breakdown"]) == pytest.approx(1.0, abs=1e-6)
+    # a phase's rest under 1e-4 of the step gets no row of its own (runner.breakdown)
+    assert sum(r["share"] for r in p["breakdown"]) == pytest.approx(1.0, abs=8e-4)
     assert p["profiling_overhead"] is not None
     trace = p["kernels"]["trace"]
     assert Path(trace["path"]).exists() and trace["mb"] < 5

@@ -37,9 +37,17 @@ Numerics
     ``clip_grad_norm_``, EMA as ``lerp_(w, 1 - decay)``. Bias corrections use ``exp2`` of the
     step times ``log2(beta)``: within an ulp or two of ``pow``.
 
+bf16 weights with fp32 masters
+    A bf16 weight (``master_weights`` under bf16-mixed: the weights autocast would cast) gets
+    an fp32 master in a flat buffer of the optimizer's, at the tensor's state offsets
+    (``state[p]["master"]``, saved and loaded with the rest; a state dict without one resets
+    it from the weight). The kernel reads the bf16 gradient, steps the master and writes the
+    weight back rounded to nearest even; the EMA follows the master. The clip norm is
+    accumulated in fp32 for every gradient dtype.
+
 Limits
-    One parameter group; fp32 weights and gradients on one device (the mixed-precision case:
-    autocast with fp32 weights); dense gradients. A parameter without a gradient is skipped in
+    One parameter group; fp32 weights, or bf16 ones with fp32 masters, on one device; dense
+    gradients in the weight's dtype (others are converted first). A parameter without a gradient is skipped in
     that step (its step count does not advance), as in PyTorch; its EMA still moves, as a
     foreach lerp over all weights would (also in a step where no weight has a gradient; not in
     a step that GradScaler skips, which never calls ``step``). Tensors of up to 2³¹ − 8,193
@@ -74,8 +82,9 @@ _MAX_NUMEL = 2 ** 31 - 1 - 8192  # the kernel's in-tensor offsets are int32
 
 @triton.jit
 def _bf16(x):
-    """fp32 → bf16 rounded to nearest even, as ``Tensor.to(torch.bfloat16)`` (NaN stays NaN), in
-    integer arithmetic: the same bits compiled and in Triton's interpreter, which truncates."""
+    """fp32 → bf16 rounded to nearest even, as ``Tensor.to(torch.bfloat16)`` (a NaN stays a NaN,
+    with its own payload), in integer arithmetic: the same bits compiled and in Triton's
+    interpreter, which truncates."""
     bits = x.to(tl.uint32, bitcast=True)
     bits = bits + 0x7FFF + ((bits >> 16) & 1)
     return tl.where(x != x, 0x7FC0, bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -342,10 +351,12 @@ class FlatAdamW(torch.optim.Optimizer):
         ids = state_dict["param_groups"][0]["params"] if state_dict["param_groups"] else []
         super().load_state_dict(state_dict)
         self._bind_state()
-        for p, pid in zip(self.params, ids):
+        for i, (p, pid) in enumerate(zip(self.params, ids)):
             for key, value in saved.get(pid, {}).items():
                 if key in self.state[p]:
                     self.state[p][key].copy_(value)
+            if self._half[i] and "master" not in saved.get(pid, {}):
+                self.masters[i].copy_(p.detach())  # saved without one: the weight as it is
 
     def attach_ema(self, decay: float) -> list[torch.Tensor]:
         """Keep an fp32 EMA of the weights, updated by the step kernel; its tensors (views)."""

@@ -160,6 +160,12 @@ class FastSearch:
         self._pending: dict[str, str] = {}  # the same, of the candidate being measured
         self.axes = fast_axes(workload)
         self.best: dict | None = None
+        self.skipped: list[tuple[str, str]] = []  # switches not tried, and why
+
+    def drain_skipped(self) -> list[tuple[str, str]]:
+        """(label, reason) of the switches passed over since the last call."""
+        out, self.skipped = self.skipped, []
+        return out
 
     @staticmethod
     def _name(parts: dict[str, str]) -> str:
@@ -179,8 +185,9 @@ class FastSearch:
                 label = f"kernels {value}"
             try:
                 candidate = self.recipe.replace(**{key: value})
-            except FasttrainError:  # needs a switch the search did not keep (master weights
-                continue            # without the one-launch optimizer): not a candidate
+            except FasttrainError as err:  # needs a switch the search did not keep (master
+                self.skipped.append((label, str(err)))  # weights without the one-launch AdamW)
+                continue
             self._pending = {**self.parts, key: label}  # a later value of a switch replaces it
             best = self._name(self.parts).removeprefix("fast: ")
             return (Rung(self._name(self._pending), {key: value},

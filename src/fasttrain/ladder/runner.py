@@ -190,6 +190,10 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
             _emit(spec, rows, row, on_row, i, total)
             if search and rung.name.startswith("fast: "):
                 following = search.next(row, recipe)
+                for label, why in search.drain_skipped():  # a row says why it was not tried
+                    _emit(spec, rows, {**base, "rung": f"fast: not tried: {label}",
+                                       "comment": "fast preset search", "skipped": why,
+                                       "error": None, "env": env}, on_row, i, total)
                 if following:
                     plan.insert(i + 1, following)
         if spec.peer:

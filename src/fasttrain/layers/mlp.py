@@ -26,6 +26,11 @@ class Mlp(nn.Module):
         self.fused = on
         return ["bias + GELU in one Triton kernel"]
 
+    def fp32_params(self) -> list[nn.Parameter]:
+        """What the fused path reads outside autocast's casts: fc1's bias, added in fp32 inside
+        the kernel (bf16 master weights leave it fp32, techniques/optimizer.py)."""
+        return [self.fc1.bias] if self.fused and self.fc1.bias is not None else []
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
             from ..kernels.activations import bias_gelu

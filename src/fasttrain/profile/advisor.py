@@ -101,8 +101,8 @@ def not_compiled(p: dict, r: Recipe) -> Finding | None:
 def dtype_casts(p: dict, r: Recipe) -> Finding | None:
     """bf16 autocast over fp32 weights: the cast kernels (weights to bf16, their gradients back)
     that bf16 weights with fp32 masters in the one-launch AdamW remove. Measured: 0.65 ms (2.9%
-    of GPU time) of casts a Swin-B step, +2.1%; 3.9 ms (4.2%) an SD step, +3.9%
-    (train-master-weights-20261121-1849, -sd-20261121-1907): about 0.8 of the share."""
+    of GPU time) of compiled casts a Swin-B step, +2.1%; 3.2 ms (3.4%) an SD step, +3.9%
+    (train-master-weights-20261121-1849, -sd-20261121-1907): roughly 0.8 of the share."""
     casts = p.get("kernels", {}).get("casts", {})
     share = casts.get("share", 0.0)
     if (r.precision != "bf16-mixed" or r.master_weights or p["device"] != "cuda"

@@ -38,9 +38,10 @@ CATEGORIES: list[tuple[str, re.Pattern]] = [
 
 
 # Kernels that only convert dtypes (an elementwise subset): Inductor's fused ``_to_copy`` (with a
-# transpose: ``_to_copy_t``) and eager ``.to()``'s copy kernel. Under autocast most of them cast
-# fp32 weights to bf16 and their bf16 gradients back (what bf16-mixed master_weights removes).
-CASTS = re.compile(r"^triton_poi_fused__to_copy(_t)?_\d+$|direct_copy_kernel")
+# transpose: ``_to_copy_t``). Under autocast most of them cast fp32 weights to bf16 and their
+# bf16 gradients back (what bf16-mixed master_weights removes). Eager casts are not counted:
+# their copy kernel also makes same-dtype strided copies, which its name does not tell apart.
+CASTS = re.compile(r"^triton_poi_fused__to_copy(_t)?_\d+$")
 
 
 def categorize(name: str) -> str:

@@ -31,8 +31,23 @@ def check(state: TrainState) -> None:
                              "save/resume yet")
 
 
+def _masters(state: TrainState) -> dict[str, torch.Tensor]:
+    """The fp32 masters of bf16 weights (bf16-mixed master_weights) by the weights' state-dict
+    names: the model's entries hold them, so a checkpoint (and its export) has fp32 weights,
+    and loading copies them into the masters in place and, rounded, into the bf16 weights."""
+    opt = state.optimizer
+    masters = getattr(opt, "masters", None)
+    if not masters:
+        return {}
+    by_id = {id(p): m for p, m in zip(opt.params, masters) if m is not None}
+    return {name.replace("_orig_mod.", ""): by_id[id(p)]
+            for name, p in state.model.named_parameters(remove_duplicate=False) if id(p) in by_id}
+
+
 def _state(state: TrainState) -> dict:
     model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
+    masters = _masters(state)
+    model_sd = {k: masters.get(k, v) for k, v in model_sd.items()}
     out = {"model": model_sd, "optim": optim_sd}
     if state.ema is not None:
         out["ema"] = {f"{i}": t for i, t in enumerate(state.ema.shadow)}
@@ -64,8 +79,9 @@ def load(state: TrainState, folder: str | Path) -> int:
         raise FasttrainError(f"no fasttrain checkpoint in {folder}")
     meta = json.loads((folder / META).read_text())
     saved, now = meta.get("recipe", {}), state.recipe.to_dict()
-    for key in ("batch", "ema", "optimizer", "accumulation"):  # the data position and the
-        if key in saved and saved[key] != now[key]:             # state layout depend on these
+    # the data position and the state layout depend on these
+    for key in ("batch", "ema", "optimizer", "accumulation", "precision", "master_weights"):
+        if key in saved and saved[key] != now[key]:
             raise FasttrainError(f"resume: the checkpoint has {key}={saved[key]!r}, this run "
                                  f"{key}={now[key]!r}")
     target = _state(state)

@@ -94,19 +94,32 @@ def _flat_unfit(state: TrainState, params: list[torch.Tensor]) -> str | None:
 MATMUL_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 
 
+def _casts_like_autocast(m: torch.nn.Module) -> bool:
+    """A linear or convolution layer whose forward hands its weights to autocast's matmul or
+    convolution. Not fp8's Float8Linear: it quantizes the fp32 weight itself and returns an fp32
+    weight gradient."""
+    from ..kernels.fp8_linear import Float8Linear
+
+    return isinstance(m, MATMUL_LAYERS) and not isinstance(m, Float8Linear)
+
+
 def matmul_weights(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The trainable weights and biases that autocast casts to 16 bits on every forward: those
-    of linear and convolution layers (and subclasses, such as fp8's). A parameter that another
-    kind of module also uses (an embedding tied to the output layer) is left out: autocast
-    would not cast it there."""
+    of linear and convolution layers. Left out: a parameter that another kind of module also
+    uses (an embedding tied to the output layer), and those a module lists in its
+    ``fp32_params()``: the ones its fused path reads itself, outside autocast (fc1's bias in
+    the bias + GELU kernel)."""
     owners: dict[int, list[torch.nn.Module]] = {}
     params: dict[int, torch.nn.Parameter] = {}
+    kept: set[int] = set()
     for m in module.modules():
         for p in m.parameters(recurse=False):
             owners.setdefault(id(p), []).append(m)
             params[id(p)] = p
+        if callable(getattr(m, "fp32_params", None)):
+            kept.update(id(p) for p in m.fp32_params())
     return [p for i, p in params.items() if p.requires_grad and p.dtype == torch.float32
-            and all(isinstance(m, MATMUL_LAYERS) for m in owners[i])]
+            and i not in kept and all(_casts_like_autocast(m) for m in owners[i])]
 
 
 def _store_in_bf16(weights: list[torch.nn.Parameter]) -> list[torch.Tensor]:
