@@ -242,6 +242,7 @@ def _one_candidate_search(self, workload, base):
 
     self.start = fast_start(workload, base)
     self.recipe, self.parts, self._pending, self.axes, self.best = self.start[1], {}, {}, [], None
+    self.skipped = []
 
 
 def test_cli_has_the_switch():
