@@ -168,6 +168,11 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     assert axes["llama"] == ["graphs", "one-launch optimizer", "bf16 master weights",
                              "kernels rope", "kernels loss",  # fused-kernel layers
                              "autotuned reductions"]  # RMSNorm backwards
+    # several processes: master weights would be refused at run time, so they are not tried
+    ddp = FastSearch(load_workload("vit", "tiny"), Recipe(), processes=2)
+    assert "bf16 master weights" not in [label for label, _, _ in ddp.axes]
+    assert ddp.drain_skipped() == [("bf16 master weights", "master_weights with bf16-mixed runs "
+                                    "on one process, this ladder on 2")]
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
     assert big == ["graphs", "one-launch optimizer", "bf16 master weights", "fp8 large", "fp8",
                    "kernels rope", "kernels loss", "autotuned reductions"]

@@ -237,7 +237,7 @@ def test_the_fast_search_keeps_its_candidate_and_the_repeats_are_not_candidates(
     assert rows[-1]["rung"] == "fast: compile" and rows[-1]["ratio"] == pytest.approx(304 / 250)
 
 
-def _one_candidate_search(self, workload, base):
+def _one_candidate_search(self, workload, base, processes=1):
     from fasttrain.ladder.rungs import fast_start
 
     self.start = fast_start(workload, base)

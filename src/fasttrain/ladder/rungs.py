@@ -153,7 +153,7 @@ class FastSearch:
     switch only when its rung passed parity and measured at least ``MIN_GAIN`` faster. One rung
     per switch instead of every combination: n + 1 rungs, not 2ⁿ."""
 
-    def __init__(self, workload: Workload, base: Recipe):
+    def __init__(self, workload: Workload, base: Recipe, processes: int = 1):
         self.start = fast_start(workload, base)
         self.recipe = self.start[1]
         self.parts: dict[str, str] = {}  # switch → label, of the best recipe so far
@@ -161,6 +161,11 @@ class FastSearch:
         self.axes = fast_axes(workload)
         self.best: dict | None = None
         self.skipped: list[tuple[str, str]] = []  # switches not tried, and why
+        if processes > 1:  # a valid recipe that the run refuses on several ranks
+            self.skipped += [(label, f"master_weights with bf16-mixed runs on one process, this "
+                                     f"ladder on {processes}")
+                             for label, key, _ in self.axes if key == "master_weights"]
+            self.axes = [a for a in self.axes if a[1] != "master_weights"]
 
     def drain_skipped(self) -> list[tuple[str, str]]:
         """(label, reason) of the switches passed over since the last call."""

@@ -148,7 +148,7 @@ def _plan(spec: LadderSpec):
                                 "not run (--from)")
             plan = [plan[0], (first, rec), *plan[i + 1:]]
     plan += [(Rung(name, {}, "user recipe"), rec) for name, rec in spec.extra_rungs]
-    search = FastSearch(wl, spec.base) if spec.rungs == ["fast"] else None
+    search = FastSearch(wl, spec.base, spec.nproc) if spec.rungs == ["fast"] else None
     graphs = any(rec.cuda_graphs for _, rec in plan) or (
         search is not None and any(key == "cuda_graphs" for _, key, _ in search.axes))
     if spec.device.startswith("cuda") and graphs:
