@@ -135,7 +135,6 @@ def _store_in_bf16(weights: list[torch.nn.Parameter]) -> list[torch.Tensor]:
 
 def _mixed_masters(state: TrainState, params: list[torch.Tensor], lr: float, what: str) -> str:
     """bf16-mixed with master_weights: the matmul weights in bf16, fp32 masters in FlatAdamW."""
-    r = state.recipe
     if state.world > 1:
         raise FasttrainError("recipe: master_weights with bf16-mixed runs on one process (DDP "
                              "would all-reduce bf16 gradients); turn it off for "
@@ -145,22 +144,30 @@ def _mixed_masters(state: TrainState, params: list[torch.Tensor], lr: float, wha
         raise FasttrainError(f"recipe: master_weights with bf16-mixed keeps its fp32 masters "
                              f"in the one-launch AdamW (optimizer_impl=triton), which cannot "
                              f"run here: {why}")
-    from ..kernels.adamw import FlatAdamW
-
     weights = matmul_weights(state.trainable)
     if not weights:
         state.warn("optimizer", "master_weights: no trainable linear or convolution weights "
                    "to store in bf16")
     originals = {id(p): fp32 for p, fp32 in zip(weights, _store_in_bf16(weights))}
-    state.optimizer = FlatAdamW(params, lr=lr, weight_decay=r.weight_decay,
-                                max_grad_norm=r.grad_clip,
-                                masters=[originals.get(id(p)) for p in params])
-    _schedule(state)
     n16 = sum(p.numel() for p in weights)
+    return _flat_adamw(state, params, lr, what, [originals.get(id(p)) for p in params]) + (
+        f"; {len(weights)} linear/conv weights ({n16 / 1e6:.1f} M) stored in bf16 with fp32 "
+        "masters in the optimizer")
+
+
+def _flat_adamw(state: TrainState, params: list[torch.Tensor], lr: float, what: str,
+                masters: list[torch.Tensor | None] | None = None) -> str:
+    """fasttrain's one-launch AdamW over ``params`` (bf16 ones with their fp32 ``masters``)."""
+    from ..kernels.adamw import FlatAdamW
+
+    r = state.recipe
+    state.optimizer = FlatAdamW(params, lr=lr, weight_decay=r.weight_decay,
+                                max_grad_norm=r.grad_clip, masters=masters)
+    _schedule(state)
     clip = ", gradient clipping inside" if r.grad_clip else ""
-    return (f"{what} over {len(params)} tensors ({sum(p.numel() for p in params) / 1e6:.1f} M "
-            f"params): one Triton launch a step{clip}; {len(weights)} linear/conv weights "
-            f"({n16 / 1e6:.1f} M) stored in bf16 with fp32 masters in the optimizer")
+    n = sum(p.numel() for p in params)
+    return (f"{what} over {len(params)} tensors ({n / 1e6:.1f} M params): one Triton launch a "
+            f"step{clip}")
 
 
 def _zero1(params, recipe, lr: float):
@@ -213,14 +220,7 @@ def apply(state: TrainState) -> str:
     if r.optimizer_impl == "triton":
         why = _flat_unfit(state, params)
         if why is None:
-            from ..kernels.adamw import FlatAdamW
-
-            state.optimizer = FlatAdamW(params, lr=lr, weight_decay=r.weight_decay,
-                                        max_grad_norm=r.grad_clip)
-            _schedule(state)
-            clip = ", gradient clipping inside" if r.grad_clip else ""
-            return (f"{what} over {len(params)} tensors ({n / 1e6:.1f} M params): one Triton "
-                    f"launch a step{clip}")
+            return _flat_adamw(state, params, lr, what)
         state.warn("optimizer", f"optimizer_impl=triton: {why}; using PyTorch's fused AdamW")
         r = r.replace(optimizer_impl="fused")
         what = f"{what} (fused: triton could not run)"
