@@ -125,7 +125,7 @@ def fwd_call(s: dict, x, b, y, math: bool):
 
 def bwd_call(s: dict, dy, x, b, dx, math: bool):
     """(the launch, bytes of partials it writes and reads back). The persistent layout's grid
-    is the library's (``_grid_bwd``) at the setting's programs per SM."""
+    is the library's (``_grid_persistent``) at the setting's programs per SM."""
     from fasttrain.kernels import activations as act
 
     n, d = x.shape
@@ -135,8 +135,8 @@ def bwd_call(s: dict, dy, x, b, dx, math: bool):
         kernel, args, meta = _bwd_tiles, (), {}
     else:
         block_r = s["elems"] // s["block_d"]
-        progs, col_blocks, per = act._grid_bwd(x.device, n, d, block_r, s["block_d"],
-                                               s["programs_per_sm"])
+        progs, col_blocks, per = act._grid_persistent(x.device, n, d, block_r, s["block_d"],
+                                                      s["programs_per_sm"])
         grid = (progs, col_blocks)
         kernel, args, meta = _bwd_persistent, (per,), {"STAGES": s["stages"]}
     db = torch.empty(grid[0], d, device=x.device, dtype=torch.float32)

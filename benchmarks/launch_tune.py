@@ -6,7 +6,7 @@ timed by CUDA-graph replay for the default settings and every alternative listed
 all software-pipelined loads (``stages``) in the loops of the persistent kernels. One JSONL row
 a setting; GB/s of the minimal traffic.
 
-    PYTHONPATH=src python3 benchmarks/launch_tune.py --out $OUT/launch-tune.jsonl [--only gelu,norms,groupnorm]
+    PYTHONPATH=src python3 benchmarks/launch_tune.py --out $OUT/launch-tune.jsonl [--only gelu,gelu-fwd,norms,groupnorm]
 """
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ def _grid(**axes) -> list[dict]:
 # backward programs per SM, no pipelining), and neighbours of the settings it chose
 GELU = [{"fwd_block_d": 1024, "fwd_warps": 8, "bwd_block_d": 1024, "bwd_warps": 8,
          "programs_per_sm": 4, "stages": 1}] + _grid(stages=[2, 3, 4], programs_per_sm=[2, 3])
+# the forward persistent as well: programs walking row tiles with their loads pipelined
+GELU_FWD = (_grid(fwd_programs_per_sm=[2, 4, 8], fwd_stages=[2, 3, 4])
+            + _grid(fwd_programs_per_sm=[2, 4], fwd_stages=[3], fwd_warps=[8],
+                    fwd_elements=[4096, 8192])
+            + _grid(fwd_programs_per_sm=[4], fwd_stages=[3], fwd_block_d=[512, 1024]))
 NORMS = _grid(bwd_stages=[2, 3], bwd_elements=[4096, 8192], bwd_warps=[4, 8],
               programs_per_sm=[1, 2])
 GROUPNORM = _grid(sum_stages=[1, 2, 3], sum_warps=[4, 8], programs_per_sm=[2, 4],
@@ -92,7 +97,8 @@ def groupnorm_cases():
                (5 if grad else 2) * x.numel() * 2)
 
 
-GROUPS = {"gelu": ("activations", gelu_cases, GELU), "norms": ("norms", norm_cases, NORMS),
+GROUPS = {"gelu": ("activations", gelu_cases, GELU),
+          "gelu-fwd": ("activations", gelu_cases, GELU_FWD), "norms": ("norms", norm_cases, NORMS),
           "groupnorm": ("group_norm", groupnorm_cases, GROUPNORM)}
 
 

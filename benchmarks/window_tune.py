@@ -68,15 +68,24 @@ def main() -> int:
     ap.add_argument("--module", default="fasttrain.kernels.window_attention",
                     help="the kernel module to time (importable)")
     ap.add_argument("--label", default="current")
+    ap.add_argument("--passes", default="forward,backward",
+                    help="which settings to sweep: forward, backward (forward + backward runs)")
     args = ap.parse_args()
+    passes = set(args.passes.split(","))
     wa = importlib.import_module(args.module)
     env = environment("cuda")
     base = {"module": args.module, "label": args.label, "env": env}
     rows = [{"kind": "window-compile-check", "traceback": compiled_check(wa), **base}]
     print("inductor:", rows[0]["traceback"] or "compiled", flush=True)
-    fwd_settings = [dict(fwd_warps=w) for w in (2, 4, 8)]
+    # one window a program (fwd_programs_per_sm 0), or persistent with pipelined loads
+    fwd_settings = [dict(fwd_warps=w) for w in (2, 4, 8)] + [
+        dict(fwd_warps=w, fwd_programs_per_sm=p, fwd_stages=s)
+        for w, p, s in itertools.product((4,), (2, 4, 8), (2, 3))] + [
+        dict(fwd_warps=8, fwd_programs_per_sm=p, fwd_stages=3) for p in (2, 4)]
+    fwd_settings = fwd_settings if "forward" in passes else []
     bwd_settings = [dict(bwd_warps=w, stages=s, programs_per_sm=p)
                     for w, s, p in itertools.product((4, 8), (1, 3), (1, 2, 4))]
+    bwd_settings = bwd_settings if "backward" in passes else []
     default = dict(wa.LAUNCH)
 
     def record(row: dict) -> None:
@@ -99,8 +108,12 @@ def main() -> int:
 
         for setting in fwd_settings:
             wa.LAUNCH.update(default, **setting)
+            try:
+                ms = graph_ms(forward)
+            except Exception as err:  # noqa: BLE001 - a setting that fails is a result
+                ms, setting = None, {**setting, "error": str(err).splitlines()[0][:200]}
             record({"kind": "window-tune", "pass": "forward", "stage": stage, **setting,
-                    "ms": graph_ms(forward)})
+                    "ms": ms})
         for setting in bwd_settings:
             wa.LAUNCH.update(default, **setting)
             try:

@@ -4,7 +4,8 @@ setting that is not a recipe switch (a tile size, warps, programs per SM):
     python3 benchmarks/with_launch.py window_attention programs_per_sm=4 -- train swin --recipe F.toml
 
 sets ``fasttrain.kernels.window_attention.LAUNCH["programs_per_sm"] = 4`` (values are parsed
-as Python literals where they are one: ints, floats, booleans) and then runs ``fasttrain train
+as Python literals where they are one: ints, floats, booleans; ``OTHER.KEY=VALUE`` sets a key of
+``fasttrain.kernels.OTHER`` instead, for settings of two modules at once) and then runs ``fasttrain train
 swin --recipe F.toml`` in the same process. The row it prints is the command's own; say which
 setting it ran with where you keep it. AOTAutograd's cache is off in that process (see
 ``_no_aot_autograd_cache``), so the model is traced afresh with the settings.
@@ -21,11 +22,13 @@ def main(argv: list[str]) -> int:
         print("usage: with_launch.py MODULE KEY=VALUE ... -- FASTTRAIN-ARGS", file=sys.stderr)
         return 2
     cut = argv.index("--")
-    module = importlib.import_module(f"fasttrain.kernels.{argv[0]}")
     for setting in argv[1:cut]:
         key, _, value = setting.partition("=")
+        name, _, key = key.rpartition(".")
+        name = name or argv[0]
+        module = importlib.import_module(f"fasttrain.kernels.{name}")
         if key not in module.LAUNCH:
-            print(f"{argv[0]}.LAUNCH has no {key!r} (has {', '.join(module.LAUNCH)})",
+            print(f"{name}.LAUNCH has no {key!r} (has {', '.join(module.LAUNCH)})",
                   file=sys.stderr)
             return 2
         try:

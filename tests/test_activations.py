@@ -77,19 +77,25 @@ def test_bias_gelu_without_bias_and_with_low_precision_bias(approximate):
              approximate=approximate)
 
 
-@pytest.mark.parametrize("stages", [1, 3])
-def test_bias_gelu_backward_with_many_programs_and_row_tiles(monkeypatch, stages):
+@pytest.mark.parametrize("stages,fwd_per_sm", [(1, 0), (3, 1)])
+def test_bias_gelu_backward_with_many_programs_and_row_tiles(monkeypatch, stages, fwd_per_sm):
     # small tiles: several column blocks (one partial), several row programs, each looping
     # over several row tiles with a partial last one; bias partials summed across programs;
-    # both stage settings reach the kernel (the interpreter ignores num_stages: the pipelined
+    # the forward one tile a program, or persistent (walking row tiles as the backward does);
+    # both stage settings reach the kernels (the interpreter ignores num_stages: the pipelined
     # loads themselves are checked in tests/test_gpu.py)
     monkeypatch.setitem(activations.LAUNCH, "bwd_elements", 128)
     monkeypatch.setitem(activations.LAUNCH, "bwd_block_d", 32)  # tiles of 4 rows x 32 columns
     monkeypatch.setitem(activations.LAUNCH, "fwd_elements", 64)
     monkeypatch.setitem(activations.LAUNCH, "fwd_block_d", 16)  # 4 x 16: three column blocks
     monkeypatch.setitem(activations.LAUNCH, "stages", stages)
+    monkeypatch.setitem(activations.LAUNCH, "fwd_stages", stages)
+    monkeypatch.setitem(activations.LAUNCH, "fwd_programs_per_sm", fwd_per_sm)
     assert activations._tile(40, 128, 32) == (4, 32)
-    assert activations._grid_bwd(torch.device("cpu"), 45, 40, 4, 32) == (2, 2, 24)
+    cpu = torch.device("cpu")
+    assert activations._grid_persistent(cpu, 45, 40, 4, 32, 2) == (2, 2, 24)
+    assert activations._grid_persistent(cpu, 45, 40, 4, 16, 1) == (1, 3, 48)
+    assert activations._grid_persistent(cpu, 45, 40, 4, 16, 0) == (12, 3, 4)
     _compare(bias_gelu, bias_gelu_reference, *_gelu_inputs((45, 40), torch.float32),
              approximate="none")
 

@@ -193,10 +193,12 @@ def test_window_attention_compiled_on_cuda_matches_the_reference():
     from fasttrain.workloads.swin import shift_mask
 
     torch.manual_seed(0)
-    qkv = torch.randn(64, 49, 3 * 128, device="cuda", dtype=torch.bfloat16)
+    # 16 windows per image, 80 images: more windows than the persistent programs of both
+    # kernels, so each walks several (the forward's next windows loaded while it computes)
+    qkv = torch.randn(1280, 49, 3 * 128, device="cuda", dtype=torch.bfloat16)
     bias = 0.5 * torch.randn(4, 49, 49, device="cuda")
-    mask = shift_mask(28, 7, 3).cuda()  # 16 windows per image, 4 images
-    cot = torch.randn(64, 49, 128, device="cuda")
+    mask = shift_mask(28, 7, 3).cuda()
+    cot = torch.randn(1280, 49, 128, device="cuda")
     _compiled_and_reference(lambda q, b: window_attention(q, b, mask, 4),
                             lambda q, b: window_attention_reference(q, b, mask, 4), [qkv, bias],
                             lambda out: (out.float() * cot).sum())
@@ -285,7 +287,8 @@ def test_pipelined_loops_over_many_tiles_per_program_match_the_reference():
     x = torch.randn(20_000, 512, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(512, device="cuda")
     block_r, block_d = act._tile(512, act.LAUNCH["bwd_elements"], act.LAUNCH["bwd_block_d"])
-    per = act._grid_bwd(x.device, 20_000, 512, block_r, block_d)[2]
+    per = act._grid_persistent(x.device, 20_000, 512, block_r, block_d,
+                               act.LAUNCH["programs_per_sm"])[2]
     assert act.LAUNCH["stages"] > 1 and per >= 4 * block_r  # several tiles a program
     _compiled_and_reference(lambda x, b: act.bias_gelu(x, b), act.bias_gelu_reference, [x, b],
                             lambda y: (y.float() * 1.5).square().sum())
@@ -330,6 +333,23 @@ def test_vit_layer_norm_kernel_in_the_graphed_training_loop_keeps_the_losses():
     _kernels_keep_the_losses("vit", Recipe(precision="bf16-mixed", optimizer_impl="fused",
                                            compile="model", cuda_graphs=True),
                              ("layernorm",), "LayerNorm (with the residual add before it) in Triton")
+
+
+def test_dependent_launch_and_combo_kernels_in_the_graphed_training_loop_keep_the_losses():
+    # Inductor's kernels launched with PDL (on Hopper) and grouped into combo kernels, inside
+    # the step's CUDA graph: the same losses, each switch said in the compile text
+    wl = load_workload("swin", "tiny")
+    base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="model",
+                  cuda_graphs=True, lr=1e-3)
+    plain = train(wl, base, steps=4, warmup=2, device="cuda")
+    ours = train(wl, base.replace(pdl=True, combo_kernels=True), steps=4, warmup=2,
+                 device="cuda")
+    applied = ours.applied["compile"]
+    assert "combo kernels" in applied and not ours.warnings
+    assert ("programmatic dependent launch" in applied) == (
+        torch.cuda.get_device_capability()[0] >= 9)
+    torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(plain.losses),
+                               rtol=2e-2, atol=0)
 
 
 def test_one_launch_adamw_on_cuda_matches_torch_eager_and_in_a_cuda_graph():

@@ -158,16 +158,18 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
             for w in ("vit", "sd", "llama", "swin")}
     assert axes["vit"] == ["graphs", "one-launch optimizer", "bf16 master weights",
                            "kernels patch", "kernels gelu",  # GEMM patches, MLP
-                           "kernels layernorm", "autotuned reductions"]  # LayerNorm backwards
+                           "kernels layernorm", "autotuned reductions",  # LayerNorm backwards
+                           "dependent launch", "combo kernels"]  # how Inductor launches
+    launches = ["dependent launch", "combo kernels"]
     assert axes["sd"] == ["graphs", "one-launch optimizer", "bf16 master weights",
-                          "kernels groupnorm", "no NHWC"]  # a conv model
+                          "kernels groupnorm", "no NHWC", *launches]  # a conv model
     assert axes["swin"] == ["graphs", "one-launch optimizer", "bf16 master weights", "math attention",
                             "kernels window", "kernels patch", "kernels gelu", "kernels layernorm",
-                            "autotuned reductions"]
+                            "autotuned reductions", *launches]
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
     assert axes["llama"] == ["graphs", "one-launch optimizer", "bf16 master weights",
                              "kernels rope", "kernels loss",  # fused-kernel layers
-                             "autotuned reductions"]  # RMSNorm backwards
+                             "autotuned reductions", *launches]  # RMSNorm backwards
     # several processes: master weights would be refused at run time, so they are not tried
     ddp = FastSearch(load_workload("vit", "tiny"), Recipe(), processes=2)
     assert "bf16 master weights" not in [label for label, _, _ in ddp.axes]
@@ -175,7 +177,7 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                                     "on one process, this ladder on 2")]
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
     assert big == ["graphs", "one-launch optimizer", "bf16 master weights", "fp8 large", "fp8",
-                   "kernels rope", "kernels loss", "autotuned reductions"]
+                   "kernels rope", "kernels loss", "autotuned reductions", *launches]
     search = FastSearch(load_workload("sd", "tiny"), Recipe())
     search.axes.insert(1, ("fp8", "fp8", "linear"))
     search.axes.insert(2, ("fp8 large", "fp8", "large"))
@@ -211,8 +213,15 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     assert rung.name == "fast: compile + graphs + fp8 + no NHWC"
     assert (rec.cuda_graphs, rec.fp8, rec.channels_last, rec.optimizer_impl, rec.kernels) == (
         True, "linear", False, "fused", "none")
-    assert search.next({**ok, "rung": rung.name, "throughput": 11.0}, rec) is None
-    assert search.best["rung"] == "fast: compile + graphs + fp8"
+    # it lost too: Inductor's launch switches last, on the best recipe so far
+    rung, rec = search.next({**ok, "rung": rung.name, "throughput": 11.0}, rec)
+    assert rung.name == "fast: compile + graphs + fp8 + dependent launch"
+    assert (rec.pdl, rec.channels_last, rec.fp8) == (True, True, "linear")
+    rung, rec = search.next({**ok, "rung": rung.name, "throughput": 13.2}, rec)  # +1.5%: kept
+    assert rung.name == "fast: compile + graphs + fp8 + dependent launch + combo kernels"
+    assert (rec.pdl, rec.combo_kernels) == (True, True)
+    assert search.next({**ok, "rung": rung.name, "throughput": 13.25}, rec) is None  # a tie
+    assert search.best["rung"] == "fast: compile + graphs + fp8 + dependent launch"
     # kernel families add up: the second one tried keeps the first that won
     swin = FastSearch(load_workload("swin", "tiny"), Recipe())
     swin.axes = [a for a in swin.axes if a[1] == "kernels"]

@@ -21,6 +21,8 @@ def test_defaults_are_the_fp32_baseline():
     ({"pad_multiple": -1}, "pad_multiple must be >= 0"),
     ({"kernels": "window,flash"}, "comma-separated list of patch, loss, window"),
     ({"autotune_reductions": True}, "autotune_reductions tunes torch.compile's kernels"),
+    ({"pdl": True}, "pdl changes how torch.compile's kernels launch; set compile=model"),
+    ({"combo_kernels": True}, "combo_kernels changes how torch.compile groups its kernels"),
     ({"optimizer_impl": "triton", "optimizer": "sgd"}, "it takes optimizer=adamw"),
     ({"compile_cache": True}, "compile_cache keeps torch.compile's results"),
     ({"master_weights": True, "precision": "fp16-mixed"}, "bf16-true or bf16-mixed, not fp16"),

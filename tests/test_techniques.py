@@ -85,6 +85,37 @@ def test_whole_model_compile_keeps_fp32_parity():
     torch.testing.assert_close(torch.tensor(comp.losses), torch.tensor(ref.losses), rtol=1e-4, atol=0)
 
 
+def test_launch_switches_set_inductors_flags_for_the_run_only_or_say_why_not():
+    import torch._inductor.config as inductor_config
+
+    from fasttrain.techniques import compile as compile_tech
+    from fasttrain.techniques.base import TrainState
+
+    wl = load_workload("vit", "tiny")
+    model = wl.build_model()
+    before = (inductor_config.triton.enable_pdl, inductor_config.combo_kernels)
+
+    def state(**switches):
+        return TrainState(recipe=Recipe(compile="model", pdl=True, combo_kernels=True,
+                                        **switches),
+                          workload=wl, device=torch.device("cpu"), model=model,
+                          trainable=model, micro_batch=2)
+
+    cpu = state()  # combo kernels are Inductor's on any device; PDL needs a Hopper GPU
+    assert compile_tech.apply(cpu).endswith("; combo kernels")
+    assert cpu.warnings == ["pdl: needs a GPU of compute capability 9.0 or newer, not cpu; "
+                            "left off"]
+    assert (inductor_config.triton.enable_pdl, inductor_config.combo_kernels) == (before[0], True)
+    cpu.restore.close()  # the run's end
+    assert (inductor_config.triton.enable_pdl, inductor_config.combo_kernels) == before
+    debug = state(compile_backend="aot_eager")
+    assert "combo" not in compile_tech.apply(debug)
+    assert debug.warnings == ["pdl: needs the inductor backend; left off",
+                              "combo_kernels: needs the inductor backend; left off"]
+    assert (inductor_config.triton.enable_pdl, inductor_config.combo_kernels) == before
+    torch._dynamo.reset()
+
+
 def test_autotune_reductions_sets_inductors_flag_for_the_run_only():
     import torch._inductor.config as inductor_config
 

@@ -56,6 +56,22 @@ def test_output_and_gradients_match_the_reference(dtype, windows, tokens, heads,
         torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("heads, stages", [(2, 1), (1, 3)])
+def test_persistent_forward_walks_several_windows_each(monkeypatch, heads, stages):
+    # the interpreter's 4 programs: 7 windows of 2 heads over 2 parts (4 and 3 windows
+    # each), or of 1 head over 4 parts (2, 2, 2 and 1); num_stages only matters on a GPU
+    import sys
+
+    wa = sys.modules[window_attention.__module__]
+    monkeypatch.setitem(wa.LAUNCH, "fwd_programs_per_sm", 2)
+    monkeypatch.setitem(wa.LAUNCH, "fwd_stages", stages)
+    qkv, bias, mask, cot = _inputs(7, 49, heads, 16, 7, torch.float32)
+    got = _run(window_attention, qkv, bias, mask, heads, cot)
+    want = _run(window_attention_reference, qkv, bias, mask, heads, cot)
+    for name, a, b in zip(("out", "dqkv", "dbias"), got, want):
+        torch.testing.assert_close(a, b, **TOL[torch.float32], msg=lambda m: f"{name}: {m}")
+
+
 def test_the_reference_is_plain_attention_with_an_additive_bias():
     qkv, bias, mask, _ = _inputs(4, 9, 2, 8, 2, torch.float64)
     q, k, v = qkv.view(4, 9, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)

@@ -91,6 +91,15 @@ class Recipe:
     """Inductor autotunes the split size of its mix-order reductions (a norm's backward that
     sums the weight gradients per split in the same kernel, then finishes them with an eager sum
     over the splits): fewer, larger splits; longer warm-up. Needs compile (inductor)."""
+    pdl: bool = False
+    """Inductor's Triton kernels use programmatic dependent launch (Hopper and newer): each may
+    start while the kernel before it finishes and waits on the GPU for its inputs, which hides
+    part of the gap between the thousand small kernels of a step. Needs compile (inductor) and
+    a GPU of compute capability 9.0 or newer; left off with a warning elsewhere."""
+    combo_kernels: bool = False
+    """Inductor's combo kernels: kernels that do not depend on each other (a backward's
+    bias-gradient sums, small pointwise ops side by side) run as one launch. Needs compile
+    (inductor)."""
     cuda_graphs: bool = False
     """Capture the whole training step (forward, backward, clip, optimizer) in one CUDA graph."""
     channels_last: bool = False
@@ -251,7 +260,9 @@ def validate(r: Recipe) -> None:
     _choice("compile", r.compile, COMPILE)
     _choice("compile_mode", r.compile_mode, COMPILE_MODES)
     for switch, what in (("compile_cache", "keeps torch.compile's results"),
-                         ("autotune_reductions", "tunes torch.compile's kernels")):
+                         ("autotune_reductions", "tunes torch.compile's kernels"),
+                         ("pdl", "changes how torch.compile's kernels launch"),
+                         ("combo_kernels", "changes how torch.compile groups its kernels")):
         if getattr(r, switch) and r.compile == "none":
             raise FasttrainError(f"recipe: {switch} {what}; set compile=model or "
                                  "compile=regional")

@@ -39,7 +39,8 @@ Layout
     made contiguous if it is not. Programs cover 2-D tiles of ``BLOCK_R`` rows x ``BLOCK_D``
     columns (sizes from ``LAUNCH``) so the bias is loaded once per tile; in the backward each
     program walks a contiguous range of row tiles for one column block, accumulating its bias
-    partial, with the next tiles' loads in flight (software pipelining, ``LAUNCH["stages"]``).
+    partial, with the next tiles' loads in flight (software pipelining, ``LAUNCH["stages"]``);
+    the forward's programs walk row tiles the same way.
     swiglu: gate and up must have the same shape, dtype and device (any shape); non-contiguous
     views (e.g. ``chunk`` of a fused gate/up projection) are copied to contiguous first, and the
     kernels run over the flattened elements.
@@ -95,19 +96,40 @@ def _gelu_and_grad(z, TANH: tl.constexpr):
 
 
 @triton.jit
-def _bias_gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, D,
-                          HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
-                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+def _columns(b_ptr, D, HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Column block ``program_id(1)``: its columns, their mask and the fp32 bias row (0 without
+    a bias)."""
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
-    mask = (rows[:, None] < n_rows) & cmask[None, :]
-    off = rows[:, None] * D + cols[None, :]
-    z = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
-        z += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    y, _ = _gelu_and_grad(z, TANH)
-    tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    else:
+        b = tl.full((1, BLOCK_D), 0.0, tl.float32)
+    return cols, cmask, b
+
+
+@triton.jit
+def _x_tile(x_ptr, b, r0, end, cols, cmask, D, BLOCK_R: tl.constexpr):
+    """Offsets, mask and fp32 ``x + bias`` of rows r0 … r0 + BLOCK_R (below ``end``)."""
+    rows = r0 + tl.arange(0, BLOCK_R)
+    mask = (rows[:, None] < end) & cmask[None, :]
+    off = rows[:, None] * D + cols[None, :]
+    return off, mask, tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32) + b
+
+
+@triton.jit
+def _bias_gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, D, rows_per_prog,
+                          HAS_BIAS: tl.constexpr, TANH: tl.constexpr, STAGES: tl.constexpr,
+                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (p, c) walks the row tiles of rows p·rows_per_prog … (p + 1)·rows_per_prog of
+    column block c; with STAGES > 1 the next tiles' loads are in flight during the math."""
+    cols, cmask, b = _columns(b_ptr, D, HAS_BIAS, BLOCK_D)
+    start = tl.program_id(0).to(tl.int64) * rows_per_prog
+    end = tl.minimum(start + rows_per_prog, n_rows)
+    for r0 in tl.range(start, end, BLOCK_R, num_stages=STAGES):
+        off, mask, z = _x_tile(x_ptr, b, r0, end, cols, cmask, D, BLOCK_R)
+        y, _ = _gelu_and_grad(z, TANH)
+        tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -115,20 +137,12 @@ def _bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, db_ptr, n_rows, D, rows_
                           HAS_BIAS: tl.constexpr, TANH: tl.constexpr, STAGES: tl.constexpr,
                           BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     pid = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    cols, cmask, b = _columns(b_ptr, D, HAS_BIAS, BLOCK_D)
     db = tl.full((BLOCK_R, BLOCK_D), 0.0, tl.float32)
     start = pid.to(tl.int64) * rows_per_prog
     end = tl.minimum(start + rows_per_prog, n_rows)
     for r0 in tl.range(start, end, BLOCK_R, num_stages=STAGES):
-        rows = r0 + tl.arange(0, BLOCK_R)
-        mask = (rows[:, None] < end) & cmask[None, :]
-        off = rows[:, None] * D + cols[None, :]
-        z = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            z += b
+        off, mask, z = _x_tile(x_ptr, b, r0, end, cols, cmask, D, BLOCK_R)
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
         _, grad = _gelu_and_grad(z, TANH)
         dz = dy * grad  # 0 where masked (dy = 0, grad finite)
@@ -175,8 +189,12 @@ _WARPS = 8  # 16 elements per thread: two 16-byte loads per tensor in bf16
 # software-pipelining their loads (``stages``) at 2 programs per SM with 4 warps made it 27-40%
 # faster than 4 programs of 8 warps without (of which only 2 fit an SM at 100 registers a
 # thread). Forward + backward together: 14-19% faster than before at every one of these shapes
-# (launch-tune-20261121-1633).
-LAUNCH = {"fwd_elements": 4096, "fwd_block_d": 256, "fwd_warps": 4,
+# (launch-tune-20261121-1633). The forward, persistent the same way (4 programs per SM over
+# tiles of 4 rows x 1,024 columns, loads 3 stages ahead), took forward + backward another 1-4%
+# at Swin-B's stages 1-3 and 4% at ViT-B (stage 4: 4% slower, 2 of Swin's 24 blocks;
+# launch-tune-20261121-2123); 0 programs per SM: one tile a program.
+LAUNCH = {"fwd_elements": 4096, "fwd_block_d": 1024, "fwd_warps": 4,
+          "fwd_programs_per_sm": 4, "fwd_stages": 3,
           "bwd_elements": 4096, "bwd_block_d": 512, "bwd_warps": 4,
           "programs_per_sm": 2, "stages": 3}
 
@@ -191,13 +209,13 @@ def _tile(d: int, elements: int, max_block_d: int) -> tuple[int, int]:
     return max(1, elements // block_d), block_d
 
 
-def _grid_bwd(device: torch.device, rows: int, d: int, block_r: int, block_d: int,
-              per_sm: Optional[int] = None) -> tuple[int, int, int]:
-    """(row programs, column blocks, rows per program) for the bias_gelu backward: ``per_sm``
-    programs per SM in all (LAUNCH's by default), each walking a contiguous range of whole row
-    tiles."""
+def _grid_persistent(device: torch.device, rows: int, d: int, block_r: int, block_d: int,
+                     per_sm: int) -> tuple[int, int, int]:
+    """(row programs, column blocks, rows per program): ``per_sm`` programs per SM in all,
+    each walking a contiguous range of whole row tiles; 0 programs per SM: one row tile each."""
     col_blocks = triton.cdiv(d, block_d)
-    per_sm = LAUNCH["programs_per_sm"] if per_sm is None else per_sm
+    if per_sm == 0:
+        return triton.cdiv(rows, block_r), col_blocks, block_r
     target = max(1, programs_cap(device, per_sm) // col_blocks)
     per = max(1, triton.cdiv(triton.cdiv(rows, target), block_r)) * block_r  # no rows: none
     return triton.cdiv(rows, per), col_blocks, per
@@ -211,11 +229,13 @@ def _bias_gelu_fwd(x: torch.Tensor, bias: Optional[torch.Tensor], approximate: s
     rows, d = x.shape
     y = torch.empty_like(x)
     block_r, block_d = _tile(d, LAUNCH["fwd_elements"], LAUNCH["fwd_block_d"])
+    progs, col_blocks, per = _grid_persistent(x.device, rows, d, block_r, block_d,
+                                              LAUNCH["fwd_programs_per_sm"])
     if rows > 0:
-        launch(_bias_gelu_fwd_kernel, (triton.cdiv(rows, block_r), triton.cdiv(d, block_d)),
-               x, x if bias is None else bias, y, rows, d,
-               HAS_BIAS=bias is not None, TANH=approximate == "tanh",
-               BLOCK_R=block_r, BLOCK_D=block_d, num_warps=LAUNCH["fwd_warps"])
+        launch(_bias_gelu_fwd_kernel, (progs, col_blocks), x, x if bias is None else bias, y,
+               rows, d, per, HAS_BIAS=bias is not None, TANH=approximate == "tanh",
+               STAGES=LAUNCH["fwd_stages"], BLOCK_R=block_r, BLOCK_D=block_d,
+               num_warps=LAUNCH["fwd_warps"])
     return y
 
 
@@ -225,7 +245,8 @@ def _bias_gelu_bwd(dy: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tenso
     rows, d = x.shape
     dx = torch.empty_like(x)
     block_r, block_d = _tile(d, LAUNCH["bwd_elements"], LAUNCH["bwd_block_d"])
-    progs, col_blocks, per = _grid_bwd(x.device, rows, d, block_r, block_d)
+    progs, col_blocks, per = _grid_persistent(x.device, rows, d, block_r, block_d,
+                                              LAUNCH["programs_per_sm"])
     db = torch.empty((progs if bias is not None else 0, d), device=x.device,
                      dtype=torch.float32)  # per-program partials, every one written
     if rows > 0:

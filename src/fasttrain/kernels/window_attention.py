@@ -52,8 +52,16 @@ MAX_TOKENS = 128  # tokens per window that one tile holds (a 64 × 64 or 128 × 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Launch settings (H200, benchmarks/window_tune.py, window-tune-20261121-0813: fastest at all
 # four Swin stages): warps per program; for the backward the persistent programs per SM, each
-# summing one bias partial over its windows, and the software-pipelining stages of its loop.
-LAUNCH = {"fwd_warps": 4, "bwd_warps": 4, "programs_per_sm": 2, "stages": 3}
+# summing one bias partial over its windows, and the software-pipelining stages of its loop
+# (capping its 242 registers a thread to fit 3 or 4 programs an SM measured 19-52% slower:
+# window-tune-20261121-2133). The forward runs one window a program (fwd_programs_per_sm 0);
+# it can walk windows persistently too, with the next windows' loads ``fwd_stages`` ahead,
+# which alone measured 17-21% faster (4 programs per SM, 3 stages; window-tune-20261121-2123)
+# but in Swin-B's whole graphed step a tie (2,977 and 2,981 against 2,980 and 2,979 img/s,
+# train-window-fwd-ab-20261121-2156; in the step's profile its kernels took 1.12 against
+# 0.91 ms, profile-swin-base-20261121-213447), so the simpler launch stays.
+LAUNCH = {"fwd_warps": 4, "bwd_warps": 4, "programs_per_sm": 2, "stages": 3,
+          "fwd_programs_per_sm": 0, "fwd_stages": 1}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -96,27 +104,33 @@ def _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D):
 
 
 @triton.jit
-def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, N, C, D, nW, heads, scale,
-                H, W, WH, WW, SHIFT, DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    win = tl.program_id(0).to(tl.int64)
+def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, Bw, N, C, D, nW, heads, scale,
+                H, W, WH, WW, SHIFT, DOT: tl.constexpr, STAGES: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (part, head) walks windows part, part + parts, …: one window each when there
+    are as many parts as windows; else persistent, the next windows' loads in flight (STAGES)."""
+    part = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    parts = tl.num_programs(0)
     scale = tl.cast(scale, tl.float32)  # see ._triton: Python floats
     rows = tl.arange(0, BLOCK_N)
     dcols = tl.arange(0, BLOCK_D)
-    tok = _tokens(win, rows, H, W, WH, WW, SHIFT)
-    q, k, v = _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D)
-    tile = rows[:, None] * BLOCK_N + rows[None, :]
-    bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N + tile)
-    s = _dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32)
-    m = tl.reduce(s, 1, maximum)
-    p = tl.exp(s - m[:, None])
-    denom = tl.reduce(p, 1, add)
-    o = _dot(p.to(v.dtype), v, DOT) / denom[:, None]
     rmask = rows < N
     st = rmask[:, None] & (dcols < D)[None, :]
-    tl.store(out_ptr + tok[:, None] * C + head * D + dcols[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=st)
-    tl.store(lse_ptr + (win * heads + head) * N + rows, m + tl.log(denom), mask=rmask)
+    tile = rows[:, None] * BLOCK_N + rows[None, :]
+    for i in tl.range(0, tl.cdiv(Bw - part, parts), num_stages=STAGES):
+        win = part + i * parts
+        tok = _tokens(win, rows, H, W, WH, WW, SHIFT)
+        q, k, v = _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D)
+        bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N + tile)
+        s = _dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32)
+        m = tl.reduce(s, 1, maximum)
+        p = tl.exp(s - m[:, None])
+        denom = tl.reduce(p, 1, add)
+        o = _dot(p.to(v.dtype), v, DOT) / denom[:, None]
+        tl.store(out_ptr + tok[:, None] * C + head * D + dcols[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=st)
+        tl.store(lse_ptr + (win * heads + head) * N + rows, m + tl.log(denom), mask=rmask)
 
 
 @triton.jit
@@ -199,7 +213,10 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
     lse = torch.empty((Bw, heads, N), device=qkv.device, dtype=torch.float32)
     if Bw > 0:
         bm, sizes, meta = _prepare(qkv, bias, mask, heads, LAUNCH["fwd_warps"])
-        launch(_fwd_kernel, (Bw, heads), qkv, bm, out, lse, *sizes, scale, *geometry, **meta)
+        per_sm = LAUNCH["fwd_programs_per_sm"]
+        parts = Bw if per_sm == 0 else max(1, min(Bw, programs_cap(qkv.device, per_sm) // heads))
+        launch(_fwd_kernel, (parts, heads), qkv, bm, out, lse, Bw, *sizes, scale, *geometry,
+               STAGES=LAUNCH["fwd_stages"], **meta)
     return out, lse
 
 

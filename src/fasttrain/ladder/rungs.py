@@ -119,6 +119,12 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
         # the norms' backward is where Inductor makes mix-order reductions (Swin: +1.4%,
         # inductor-mix-order-20261121-0855); it costs a longer warm-up, so only where they are
         axes.append(("autotuned reductions", "autotune_reductions", True))
+    # how Inductor's kernels launch: the gaps between a step's ~1,250 kernels are ~1 ms of
+    # Swin-B's 22 (profile-swin-base-20261121-213447 against its graphed step). Programmatic
+    # dependent launch and combo kernels measured +0.9% and +1.0% there in single runs
+    # (train-inductor-launch-20261121-2139), both together +0.6% in runs A, B, B, A
+    # (train-launch-switches-20261121-2149); on ViT-B -0.5% and +0.3%: the search decides
+    axes += [("dependent launch", "pdl", True), ("combo kernels", "combo_kernels", True)]
     return axes
 
 

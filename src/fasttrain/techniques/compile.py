@@ -31,7 +31,7 @@ def apply(state: TrainState) -> str | None:
     # shape turns on dynamo's automatic dynamic shapes and later blocks get dynamic-shape graphs.
     opts = {"mode": None if r.compile_mode == "default" else r.compile_mode,
             "backend": r.compile_backend, "dynamic": False}
-    tuned = _autotune_reductions(state) + _load_cache(state)
+    tuned = _autotune_reductions(state) + _launches(state) + _load_cache(state)
     if r.compile == "model":
         state.model.compile(**opts)
         return f"whole model compiled (backend {r.compile_backend}, mode {r.compile_mode}){tuned}"
@@ -70,6 +70,34 @@ def _autotune_reductions(state: TrainState) -> str:
         return ""
     state.set_flag(triton_cfg, flag, True)
     return "; mix-order reduction split sizes autotuned"
+
+
+def _launches(state: TrainState) -> str:
+    """Inductor's launch switches of the recipe (pdl, combo_kernels) on for this run; the text
+    that says which, with a warning for each that cannot be."""
+    r = state.recipe
+    wanted = [name for name in ("pdl", "combo_kernels") if getattr(r, name)]
+    if not wanted:
+        return ""
+    import torch._inductor.config as inductor_config
+
+    done = []
+    for name in wanted:
+        obj, flag, what = ((inductor_config.triton, "enable_pdl", "programmatic dependent launch")
+                           if name == "pdl" else (inductor_config, "combo_kernels", "combo kernels"))
+        why = ("needs the inductor backend" if r.compile_backend != "inductor" else
+               f"this torch ({torch.__version__}) has no {what}" if not hasattr(obj, flag) else
+               None)
+        if name == "pdl" and why is None:
+            dev = state.device
+            why = (None if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+                   else f"needs a GPU of compute capability 9.0 or newer, not {dev}")
+        if why:
+            state.warn(name, f"{why}; left off")
+            continue
+        state.set_flag(obj, flag, True)
+        done.append(what)
+    return "".join(f"; {what}" for what in done)
 
 
 def cache_file(state: TrainState) -> Path:
