@@ -200,6 +200,12 @@ def _prepare(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor]
     return bm, (N, C3 // 3, C3 // 3 // heads, bm.shape[0], heads), meta
 
 
+def _parts(qkv: torch.Tensor, Bw: int, heads: int, per_sm: int) -> int:
+    """Programs per head of a persistent launch: ``per_sm`` programs an SM in all, each walking
+    a strided set of the ``Bw`` windows; 0 programs per SM: one window each."""
+    return Bw if per_sm == 0 else max(1, min(Bw, programs_cap(qkv.device, per_sm) // heads))
+
+
 def _windows(qkv: torch.Tensor, bias: torch.Tensor) -> int:
     return qkv.numel() // (qkv.shape[-1] * bias.shape[-1])
 
@@ -213,8 +219,7 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
     lse = torch.empty((Bw, heads, N), device=qkv.device, dtype=torch.float32)
     if Bw > 0:
         bm, sizes, meta = _prepare(qkv, bias, mask, heads, LAUNCH["fwd_warps"])
-        per_sm = LAUNCH["fwd_programs_per_sm"]
-        parts = Bw if per_sm == 0 else max(1, min(Bw, programs_cap(qkv.device, per_sm) // heads))
+        parts = _parts(qkv, Bw, heads, LAUNCH["fwd_programs_per_sm"])
         launch(_fwd_kernel, (parts, heads), qkv, bm, out, lse, Bw, *sizes, scale, *geometry,
                STAGES=LAUNCH["fwd_stages"], **meta)
     return out, lse
@@ -228,7 +233,7 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
     dqkv = torch.empty_like(qkv)
     if Bw == 0:
         return dqkv, torch.zeros((heads, N, N), device=qkv.device, dtype=torch.float32)
-    parts = max(1, min(Bw, programs_cap(qkv.device, LAUNCH["programs_per_sm"]) // heads))
+    parts = _parts(qkv, Bw, heads, LAUNCH["programs_per_sm"])
     bm, sizes, meta = _prepare(qkv, bias, mask, heads, LAUNCH["bwd_warps"])
     dbias = torch.empty((parts, heads, *bm.shape[2:]), device=qkv.device, dtype=torch.float32)
     launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bm, dqkv, dbias, Bw, *sizes,

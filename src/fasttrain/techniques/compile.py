@@ -31,7 +31,7 @@ def apply(state: TrainState) -> str | None:
     # shape turns on dynamo's automatic dynamic shapes and later blocks get dynamic-shape graphs.
     opts = {"mode": None if r.compile_mode == "default" else r.compile_mode,
             "backend": r.compile_backend, "dynamic": False}
-    tuned = _autotune_reductions(state) + _launches(state) + _load_cache(state)
+    tuned = _inductor_switches(state) + _load_cache(state)
     if r.compile == "model":
         state.model.compile(**opts)
         return f"whole model compiled (backend {r.compile_backend}, mode {r.compile_mode}){tuned}"
@@ -54,40 +54,33 @@ def apply(state: TrainState) -> str | None:
             f"{attr}={need}{tuned}")
 
 
-def _autotune_reductions(state: TrainState) -> str:
-    """Turn on Inductor's split-size autotuning of mix-order reductions for this run; the
-    text that says so, or a warning where it cannot."""
-    if not state.recipe.autotune_reductions:
-        return ""
-    import torch._inductor.config as inductor_config
-
-    triton_cfg, flag = inductor_config.triton, "mix_order_reduction_autotune_split_size"
-    why = ("needs the inductor backend" if state.recipe.compile_backend != "inductor" else
-           None if hasattr(triton_cfg, flag) else
-           f"this torch ({torch.__version__}) has no mix-order reductions")
-    if why:
-        state.warn("autotune_reductions", f"{why}; left off")
-        return ""
-    state.set_flag(triton_cfg, flag, True)
-    return "; mix-order reduction split sizes autotuned"
+# Inductor options that recipe switches turn on for their run: (switch, the config object's
+# path under torch._inductor.config, its flag, what the compile text says, what a torch
+# without the flag lacks)
+_INDUCTOR_SWITCHES = (
+    ("autotune_reductions", "triton", "mix_order_reduction_autotune_split_size",
+     "mix-order reduction split sizes autotuned", "mix-order reductions"),
+    ("pdl", "triton", "enable_pdl", "programmatic dependent launch",
+     "programmatic dependent launch"),
+    ("combo_kernels", "", "combo_kernels", "combo kernels", "combo kernels"))
 
 
-def _launches(state: TrainState) -> str:
-    """Inductor's launch switches of the recipe (pdl, combo_kernels) on for this run; the text
-    that says which, with a warning for each that cannot be."""
+def _inductor_switches(state: TrainState) -> str:
+    """Turn on the Inductor options of the recipe's switches (autotune_reductions, pdl,
+    combo_kernels) for this run only; the text that says which, with a warning for each that
+    cannot be."""
     r = state.recipe
-    wanted = [name for name in ("pdl", "combo_kernels") if getattr(r, name)]
+    wanted = [s for s in _INDUCTOR_SWITCHES if getattr(r, s[0])]
     if not wanted:
         return ""
     import torch._inductor.config as inductor_config
 
-    done = []
-    for name in wanted:
-        obj, flag, what = ((inductor_config.triton, "enable_pdl", "programmatic dependent launch")
-                           if name == "pdl" else (inductor_config, "combo_kernels", "combo kernels"))
+    done = ""
+    for name, path, flag, says, feature in wanted:
+        obj = getattr(inductor_config, path) if path else inductor_config
         why = ("needs the inductor backend" if r.compile_backend != "inductor" else
-               f"this torch ({torch.__version__}) has no {what}" if not hasattr(obj, flag) else
-               None)
+               f"this torch ({torch.__version__}) has no {feature}" if not hasattr(obj, flag)
+               else None)
         if name == "pdl" and why is None:
             dev = state.device
             why = (None if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
@@ -96,8 +89,8 @@ def _launches(state: TrainState) -> str:
             state.warn(name, f"{why}; left off")
             continue
         state.set_flag(obj, flag, True)
-        done.append(what)
-    return "".join(f"; {what}" for what in done)
+        done += f"; {says}"
+    return done
 
 
 def cache_file(state: TrainState) -> Path:

@@ -124,11 +124,12 @@ def matmul_weights(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def _store_in_bf16(weights: list[torch.nn.Parameter]) -> list[torch.Tensor]:
     """Each weight becomes bf16 in place (the same Parameter, so modules, hooks and compile
-    see it); returns the fp32 originals, the optimizer's masters."""
+    see it); returns the fp32 originals, the optimizer's masters (the old storage itself: the
+    bf16 data is new, so nothing is copied twice)."""
     originals = []
     with torch.no_grad():
         for p in weights:
-            originals.append(p.detach().clone())
+            originals.append(p.data)
             p.data = p.data.to(torch.bfloat16)
     return originals
 
