@@ -106,21 +106,25 @@ def test_triton_norms_compiled_on_cuda_match_the_reference(op, rows, dim):
     w = torch.rand(dim, device="cuda", requires_grad=True)
     b = torch.randn(dim, device="cuda", requires_grad=True)
 
+    xb = (0.3 * torch.randn(dim, device="cuda")).requires_grad_()  # layer_norm's x_bias
+
     def block(f):
-        def run(x, r, w, b):
-            y, h = f(x, w, 1e-6, residual=r) if op == "rms_norm" else f(x, w, b, 1e-6, residual=r)
-            return (y.float() * 1.5).sum() + h.float().sum()
+        def run(x, r, w, b, xb):
+            y, h = f(x, w, 1e-6, residual=r) if op == "rms_norm" else \
+                f(x, w, b, 1e-6, residual=r, x_bias=xb)
+            return (y.float() * 1.5 * torch.linspace(0, 1, dim, device="cuda")).sum() + \
+                h.float().sum()
         return run
 
     results = []
     for fn in (torch.compile(block(getattr(norms, op)), fullgraph=True),
                block(getattr(norms, f"{op}_reference"))):
-        for t in (x, r, w, b):
+        for t in (x, r, w, b, xb):
             t.grad = None
-        out = fn(x, r, w, b)
+        out = fn(x, r, w, b, xb)
         out.backward()
         results.append([out.detach().float()] + [t.grad.float() for t in (x, r, w)] +
-                       ([b.grad] if op == "layer_norm" else []))
+                       ([b.grad, xb.grad] if op == "layer_norm" else []))
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 

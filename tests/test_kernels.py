@@ -109,6 +109,45 @@ def test_autocast_dtypes_bf16_branch_onto_an_fp32_stream(op):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype, xb_dtype, res_dtype", [
+    (torch.float32, torch.float32, torch.float32),
+    (torch.bfloat16, torch.float32, torch.float32),  # autocast: bf16 branch, fp32 bias, stream
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16),
+], ids=["fp32", "autocast", "bf16"])
+@pytest.mark.parametrize("shape", [(37, 24), (3, 5, 49)], ids=str)
+def test_the_bias_of_x_is_added_with_the_residual_and_gets_its_gradient(shape, dtype, xb_dtype,
+                                                                        res_dtype, monkeypatch):
+    # h = x + x_bias + residual; x_bias's gradient is the row sum of h's, from the backward's
+    # partials (small tiles: 19 tiles of 2 rows over the CPU's few programs)
+    monkeypatch.setitem(norms.LAUNCH, "bwd_elements", 64)
+    args, (dy, dh) = _inputs("layer", shape, dtype, True)
+    args["residual"] = args["residual"].to(res_dtype)
+    args["x_bias"] = torch.randn(shape[-1], generator=torch.Generator().manual_seed(1)).to(xb_dtype)
+    cot = [dy, dh.to(res_dtype)]
+    (y, h), grads = _run(layer_norm, args, cot, upcast=False)
+    (ry, rh), want = _run(layer_norm_reference, args, cot, upcast=True)
+    assert h.dtype == res_dtype and grads["x_bias"].dtype == xb_dtype
+    tol = TOL[dtype]
+    torch.testing.assert_close(y.float(), ry, **tol)
+    torch.testing.assert_close(h.float(), rh, **tol)
+    assert grads.keys() == want.keys()
+    for name, got in grads.items():
+        assert got.dtype == args[name].dtype, name
+        scale = shape[0] if name in ("x_bias", "weight", "bias") and dtype != torch.float32 else 1
+        torch.testing.assert_close(got.float(), want[name], rtol=tol["rtol"],
+                                   atol=tol["atol"] * scale, msg=lambda m: f"grad of {name}: {m}")
+    # the bias's gradient is exactly the sum of the residual's, over the rows
+    torch.testing.assert_close(grads["x_bias"].float(),
+                               grads["residual"].float().reshape(-1, shape[-1]).sum(0),
+                               **TOL[xb_dtype] if xb_dtype == torch.float32 else dict(rtol=2e-2, atol=0.5))
+
+
+def test_x_bias_without_a_residual_is_a_one_line_value_error():
+    with pytest.raises(ValueError, match="x_bias .* needs a residual") as err:
+        layer_norm(torch.randn(4, 8), torch.ones(8), None, 1e-5, x_bias=torch.ones(8))
+    assert "\n" not in str(err.value)
+
+
 def test_empty_input_gives_empty_outputs_and_zero_parameter_gradients():
     x = torch.randn(0, 16, requires_grad=True)
     w = torch.ones(16, requires_grad=True)

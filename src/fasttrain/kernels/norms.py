@@ -7,8 +7,12 @@ What is fused
     (rstd, plus the mean for LayerNorm) is kept for backward. The backward is one kernel as
     well: it reads dy, the gradient arriving at h (the residual stream), h and the
     statistics, and writes dx (which is also the residual's gradient) plus per-program
-    partial sums of dweight/dbias that a final ``torch.sum`` reduces (no atomics).
+    partial sums of dweight/dbias that one final ``torch.sum`` reduces (no atomics).
     Without ``residual`` they are plain RMSNorm / LayerNorm and return only ``y``.
+    ``layer_norm(..., residual, x_bias=b)`` also takes the bias of the linear layer that made
+    x, left out of its matmul: ``h = x + b + residual``, and the backward sums dx over the rows
+    for b's gradient in the same pass (a pre-norm block's attention-projection and fc2 biases:
+    no separate bias-gradient reduction over the activations).
 
 When they help
     In eager mode, where PyTorch runs the add, the norm and their backwards as separate
@@ -66,9 +70,9 @@ LAUNCH = {"fwd_elements": 8192, "bwd_elements": 4096, "max_rows": 64, "fwd_warps
 # @triton.jit library (tl.sum, tl.zeros): see ._triton.
 
 @triton.jit
-def _fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, n_rows, D, eps,
-                RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _fwd_kernel(x_ptr, xb_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, n_rows, D,
+                eps, RMS: tl.constexpr, HAS_XB: tl.constexpr, HAS_RES: tl.constexpr,
+                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """One tile of BLOCK_M rows × BLOCK_D columns: rows are contiguous, so each row's loads
     and stores are whole memory transactions, and the tile keeps many rows in flight."""
     eps = tl.cast(eps, tl.float32)  # see ._triton: Python floats
@@ -79,6 +83,8 @@ def _fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, n_
     mask = rmask[:, None] & cmask[None, :]
     off = rows[:, None] * D + cols[None, :]
     h = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    if HAS_XB:  # the bias x's linear layer left out (only with a residual)
+        h += tl.load(xb_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if HAS_RES:
         h += tl.load(r_ptr + off, mask=mask, other=0.0).to(tl.float32)
         h_low = h.to(h_ptr.dtype.element_ty)  # normalize h as stored, like x + residual
@@ -100,12 +106,13 @@ def _fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, n_
 
 
 @triton.jit
-def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr,
-                n_rows, D, RMS: tl.constexpr, HAS_DH: tl.constexpr, STAGES: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, parts_ptr,
+                n_rows, D, RMS: tl.constexpr, HAS_DH: tl.constexpr, HAS_XB: tl.constexpr,
+                K: tl.constexpr, STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """Persistent: program p walks row tiles p, p + programs, … (neighbours run side by
-    side), writes dx for each and sums dy·x̂ (and dy) over all of them in a register tile,
-    which it reduces to one row of weight (and bias) gradient partials at the end."""
+    side), writes dx for each and sums dy·x̂ (and dy, and dx for x's bias) over all of them
+    in register tiles, which it reduces to its rows of partials (programs, K, D) at the end:
+    weight, then LayerNorm's bias, then x's bias (K rows)."""
     pid = tl.program_id(0)
     progs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_D)
@@ -113,6 +120,7 @@ def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     dw = tl.full((BLOCK_M, BLOCK_D), 0.0, tl.float32)
     db = tl.full((BLOCK_M, BLOCK_D), 0.0, tl.float32)
+    dxb = tl.full((BLOCK_M, BLOCK_D), 0.0, tl.float32)
     for tile in tl.range(pid, tl.cdiv(n_rows, BLOCK_M), progs, num_stages=STAGES):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)  # row count < 2³¹
         rmask = rows < n_rows
@@ -134,11 +142,16 @@ def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr
         dx *= rstd[:, None]
         if HAS_DH:
             dx += tl.load(dh_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        if HAS_XB:
+            dxb += dx  # masked lanes are 0: dy, dh and x̂ load as 0 there
         tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * xhat
-    tl.store(dw_ptr + pid * D + cols, sum0(dw), mask=cmask)
+    part = parts_ptr + pid * K * D + cols
+    tl.store(part, sum0(dw), mask=cmask)
     if not RMS:
-        tl.store(db_ptr + pid * D + cols, sum0(db), mask=cmask)
+        tl.store(part + D, sum0(db), mask=cmask)
+    if HAS_XB:
+        tl.store(part + (K - 1) * D, sum0(dxb), mask=cmask)
 
 
 # ----------------------------------------------------------------------------- launch helpers
@@ -163,8 +176,8 @@ def _warps(block_m: int, block_d: int, per_tile: int) -> int:
     return max(1, min(16, per_tile, block_m * block_d // 256))
 
 
-def _fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
-         bias: Optional[torch.Tensor], eps: float, rms: bool,
+def _fwd(x: torch.Tensor, x_bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+         weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float, rms: bool,
          out_dtype: Optional[torch.dtype]) -> Tensors4:
     rows, d = x.shape
     y = torch.empty_like(x, dtype=out_dtype or x.dtype)
@@ -175,34 +188,36 @@ def _fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor
     if rows > 0:
         block_m, block_d = _tile(d, LAUNCH["fwd_elements"])
         launch(_fwd_kernel, (triton.cdiv(rows, block_m),),
-               x, x if residual is None else residual, weight, weight if bias is None else bias,
+               x, weight if x_bias is None else x_bias, x if residual is None else residual,
+               weight, weight if bias is None else bias,
                y, y if residual is None else h, rstd if rms else mean, rstd, rows, d, eps,
-               RMS=rms, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
+               RMS=rms, HAS_XB=x_bias is not None, HAS_RES=residual is not None,
+               HAS_BIAS=bias is not None,
                BLOCK_M=block_m, BLOCK_D=block_d,
                num_warps=_warps(block_m, block_d, LAUNCH["fwd_warps"]))
     return y, h, mean, rstd
 
 
 def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: torch.Tensor,
-         mean: torch.Tensor, rstd: torch.Tensor, rms: bool
-         ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """dx, dweight and (LayerNorm only) dbias."""
+         mean: torch.Tensor, rstd: torch.Tensor, rms: bool, x_bias: bool = False) -> Tensors2:
+    """dx and the parameter gradients as rows of one (K, D) fp32 tensor (one reduction
+    launch for all): dweight, (LayerNorm only) dbias, (with ``x_bias``) the sum of dx."""
     rows, d = h.shape
     dx = torch.empty_like(h)
     block_m, block_d = _tile(d, LAUNCH["bwd_elements"])
     loaded = h.element_size() + dy.element_size() + (0 if dh is None else dh.element_size())
     progs = max(1, min(triton.cdiv(rows, block_m),
                        programs_cap(h.device, LAUNCH["programs_per_sm"])))
-    alloc = torch.empty if rows else torch.zeros  # every program writes its row of partials
-    dw = alloc((progs, d), device=h.device, dtype=torch.float32)
-    db = alloc((0 if rms else progs, d), device=h.device, dtype=torch.float32)
+    k = (1 if rms else 2) + x_bias
+    alloc = torch.empty if rows else torch.zeros  # every program writes its rows of partials
+    parts = alloc((progs, k, d), device=h.device, dtype=torch.float32)
     if rows > 0:
         launch(_bwd_kernel, (progs,),
-               dy, dy if dh is None else dh, h, weight, rstd if rms else mean, rstd, dx, dw,
-               dw if rms else db, rows, d, RMS=rms, HAS_DH=dh is not None,
+               dy, dy if dh is None else dh, h, weight, rstd if rms else mean, rstd, dx, parts,
+               rows, d, RMS=rms, HAS_DH=dh is not None, HAS_XB=x_bias, K=k,
                STAGES=_stages(block_m * block_d * loaded), BLOCK_M=block_m, BLOCK_D=block_d,
                num_warps=_warps(block_m, block_d, LAUNCH["bwd_warps"]))
-    return dx, dw.sum(0), None if rms else db.sum(0)
+    return dx, parts.sum(0)
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -210,28 +225,30 @@ def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: 
 @op("fasttrain::rms_norm_fwd")
 def _rms_fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
              eps: float, out_dtype: Optional[torch.dtype]) -> Tensors3:
-    y, h, _, rstd = _fwd(x, residual, weight, None, eps, True, out_dtype)
+    y, h, _, rstd = _fwd(x, None, residual, weight, None, eps, True, out_dtype)
     return y, h, rstd
 
 
 @op("fasttrain::rms_norm_bwd")
 def _rms_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
              weight: torch.Tensor, rstd: torch.Tensor) -> Tensors2:
-    dx, dw, _ = _bwd(dy, dh, h, weight, rstd, rstd, rms=True)
-    return dx, dw
+    dx, dw = _bwd(dy, dh, h, weight, rstd, rstd, rms=True)
+    return dx, dw.view(-1)
 
 
 @op("fasttrain::layer_norm_fwd")
-def _ln_fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
-            bias: Optional[torch.Tensor], eps: float,
+def _ln_fwd(x: torch.Tensor, x_bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+            weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float,
             out_dtype: Optional[torch.dtype]) -> Tensors4:
-    return _fwd(x, residual, weight, bias, eps, False, out_dtype)
+    return _fwd(x, x_bias, residual, weight, bias, eps, False, out_dtype)
 
 
 @op("fasttrain::layer_norm_bwd")
 def _ln_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
-            weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> Tensors3:
-    return _bwd(dy, dh, h, weight, mean, rstd, rms=False)
+            weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+            x_bias: bool) -> Tensors2:
+    """dx and (K, D) parameter gradients: weight, bias, (with ``x_bias``) x's bias."""
+    return _bwd(dy, dh, h, weight, mean, rstd, rms=False, x_bias=x_bias)
 
 
 def _stream_grad(ctx, dh: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -264,18 +281,22 @@ def _rms_backward(ctx, dy, dh, _drstd):
 
 
 def _ln_setup(ctx, inputs, output) -> None:
-    x, residual, weight, bias, _eps, _out_dtype = inputs
+    x, x_bias, residual, weight, bias, _eps, _out_dtype = inputs
     _save_dtypes(ctx, x, residual)
     ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.x_bias_dtype = None if x_bias is None else x_bias.dtype
     ctx.save_for_backward(output[1] if ctx.has_res else x, weight, output[2], output[3])
 
 
 def _ln_backward(ctx, dy, dh, _dmean, _drstd):
     h, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = torch.ops.fasttrain.layer_norm_bwd(output_grad(h, dy), _stream_grad(ctx, dh), h,
-                                                    weight, mean, rstd)
-    db = None if ctx.bias_dtype is None else db.to(ctx.bias_dtype)
-    return *_input_grads(ctx, dx), dw.to(weight.dtype), db, None, None
+    has_xb = ctx.x_bias_dtype is not None
+    dx, sums = torch.ops.fasttrain.layer_norm_bwd(output_grad(h, dy), _stream_grad(ctx, dh), h,
+                                                  weight, mean, rstd, has_xb)
+    db = None if ctx.bias_dtype is None else sums[1].to(ctx.bias_dtype)
+    dxb = sums[2].to(ctx.x_bias_dtype) if has_xb else None
+    dx, dres = _input_grads(ctx, dx)
+    return dx, dxb, dres, sums[0].to(weight.dtype), db, None, None
 
 
 _rms_fwd.register_autograd(_rms_backward, setup_context=_rms_setup)
@@ -285,13 +306,16 @@ _ln_fwd.register_autograd(_ln_backward, setup_context=_ln_setup)
 # ----------------------------------------------------------------------------- public API
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-           residual: Optional[torch.Tensor], out_dtype: Optional[torch.dtype]) -> int:
+           residual: Optional[torch.Tensor], out_dtype: Optional[torch.dtype],
+           x_bias: Optional[torch.Tensor] = None) -> int:
     if x.dtype not in _DTYPES:
         raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"x needs a non-empty last dim, got shape {tuple(x.shape)}")
     d = x.shape[-1]
-    for name, p in (("weight", weight), ("bias", bias)):
+    if x_bias is not None and residual is None:
+        raise ValueError("x_bias (the bias of x's linear layer) needs a residual to add x to")
+    for name, p in (("weight", weight), ("bias", bias), ("x_bias", x_bias)):
         if p is None:
             continue
         if p.shape != (d,):
@@ -327,15 +351,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float,
-               residual: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None
+               residual: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+               x_bias: Optional[torch.Tensor] = None
                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dim with affine ``weight`` (and ``bias``, may be None); with
     ``residual``, ``h = x + residual`` (in the wider of their dtypes) is normalized instead and
-    ``(y, h)`` returned. ``y`` comes out in ``out_dtype`` (default x's)."""
-    d = _check(x, weight, bias, residual, out_dtype)
+    ``(y, h)`` returned. ``y`` comes out in ``out_dtype`` (default x's). ``x_bias`` (needs
+    ``residual``): the bias of the linear layer that produced x, left out of its matmul and
+    added here, ``h = x + x_bias + residual`` summed in fp32; its gradient (the sum of h's over
+    the rows) comes out of the backward's one pass instead of a reduction of its own."""
+    d = _check(x, weight, bias, residual, out_dtype, x_bias)
     res = None if residual is None else _rows(residual, d)
     b = None if bias is None else bias.contiguous()
-    y, h, _, _ = torch.ops.fasttrain.layer_norm_fwd(_rows(x, d), res, weight.contiguous(), b,
+    xb = None if x_bias is None else x_bias.contiguous()
+    y, h, _, _ = torch.ops.fasttrain.layer_norm_fwd(_rows(x, d), xb, res, weight.contiguous(), b,
                                                     float(eps), out_dtype)
     return y.view(x.shape) if residual is None else (y.view(x.shape), h.view(x.shape))
 
@@ -352,10 +381,15 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                          eps: float, residual: Optional[torch.Tensor] = None,
-                         out_dtype: Optional[torch.dtype] = None
+                         out_dtype: Optional[torch.dtype] = None,
+                         x_bias: Optional[torch.Tensor] = None
                          ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Plain-PyTorch ``layer_norm``: fp32 internally, output in x's dtype."""
-    h = x if residual is None else x + residual
+    if x_bias is not None:  # h = x + x_bias + residual in fp32, stored like x + residual
+        h = (x.float() + x_bias.float() + residual.float()).to(
+            torch.promote_types(x.dtype, residual.dtype))
+    else:
+        h = x if residual is None else x + residual
     b = None if bias is None else bias.float()
     y = F.layer_norm(h.float(), (h.shape[-1],), weight.float(), b, eps).to(out_dtype or x.dtype)
     return y if residual is None else (y, h)

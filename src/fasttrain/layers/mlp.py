@@ -11,6 +11,16 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def unbiased(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` without the bias, which a fused kernel adds instead: the layer's own matmul,
+    in float8 where the fp8 technique made it a ``Float8Linear``."""
+    from ..kernels.fp8_linear import Float8Linear, fp8_linear
+
+    if isinstance(layer, Float8Linear):
+        return fp8_linear(x, layer.weight, None)
+    return F.linear(x, layer.weight)
+
+
 class Mlp(nn.Module):
     """Linear → GELU → Linear. ``approximate='tanh'`` gives the tanh-GELU variant."""
 
@@ -31,14 +41,15 @@ class Mlp(nn.Module):
         the kernel (bf16 master weights leave it fp32, techniques/optimizer.py)."""
         return [self.fc1.bias] if self.fused and self.fc1.bias is not None else []
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fc2_bias: bool = True) -> torch.Tensor:
+        """``fc2_bias=False`` leaves fc2's bias out, for the caller to add (``LayerNorm.add``)."""
         if self.fused:
             from ..kernels.activations import bias_gelu
 
-            h = bias_gelu(F.linear(x, self.fc1.weight), self.fc1.bias, self.approximate)
+            h = bias_gelu(unbiased(self.fc1, x), self.fc1.bias, self.approximate)
         else:
             h = F.gelu(self.fc1(x), approximate=self.approximate)
-        return self.fc2(h)
+        return self.fc2(h) if fc2_bias else unbiased(self.fc2, h)
 
 
 class SwiGLU(nn.Module):

@@ -7,7 +7,9 @@ and the SiLU in two passes each way that read channels-last activations in place
 ``LayerNorm``: LayerNorm that can also take the residual add before it (``add``), for pre-norm
 blocks. Fused (``kernels=layernorm``, Triton, ``kernels/norms.py``): the add and the norm in one
 pass over tiles of whole rows, the backward in one pass that also sums the weight and bias
-gradients.
+gradients, and, when the block leaves the bias of the branch's last linear layer to it, that
+bias's gradient too. ``layers/blocks.py`` chains blocks so the MLP branch of one is added by
+the next block's first norm (ViT, Swin).
 
 Parameters and their names are those of the ``nn`` module each subclasses.
 """
@@ -71,11 +73,21 @@ class LayerNorm(nn.LayerNorm):
             return layer_norm(x, self.weight, self.bias, self.eps, out_dtype=self._out_dtype(x))
         return super().forward(x)
 
-    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add(self, x: torch.Tensor, residual: torch.Tensor, x_bias: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(h), h)`` for ``h = x + x_bias + residual``. ``x_bias``: the bias of the linear
+        layer that made x, left out of its matmul (see ``takes_bias``); the fused kernel adds it
+        and sums its gradient in the backward's one pass."""
         if self.fused:
             from ..kernels.norms import layer_norm
 
             return layer_norm(x, self.weight, self.bias, self.eps, residual=residual,
-                              out_dtype=self._out_dtype(x))
-        h = x + residual
+                              out_dtype=self._out_dtype(x), x_bias=x_bias)
+        h = x + residual if x_bias is None else (x + x_bias).to(x.dtype) + residual
         return super().forward(h), h
+
+    def takes_bias(self) -> bool:
+        """Whether ``add`` should get the branch's bias rather than the matmul: on the fused
+        path, where it saves the bias gradient's own reduction over the activations."""
+        return self.fused
+

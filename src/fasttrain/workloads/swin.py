@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import attention
-from ..layers.mlp import Mlp
+from ..layers.blocks import Branch, block_fp32_params, pre_norm_block, run_blocks
+from ..layers.mlp import Mlp, unbiased
 from ..layers.norm import LayerNorm
 from ..layers.patch import PatchEmbed
 from ..layers.windows import cyclic_shift, window_partition, window_reverse
@@ -113,18 +114,22 @@ class WindowAttention(nn.Module):
         # view (stride = heads) sent every unshifted block to the math kernel.
         return bias.view(N, N, self.heads).permute(2, 0, 1).contiguous().unsqueeze(0)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                proj_bias: bool = True) -> torch.Tensor:
+        """``proj_bias=False`` leaves the output projection's bias out, for the caller to add."""
         if self.fused:  # x (B, H, W, C), mask (nW, N, N) for one image's windows
             from ..kernels.window_attention import map_window_attention
 
-            return self.proj(map_window_attention(self.qkv(x), self.position_bias()[0], mask,
-                                                  self.heads, self.window, self.shift))
+            out = map_window_attention(self.qkv(x), self.position_bias()[0], mask, self.heads,
+                                       self.window, self.shift)
+            return self.proj(out) if proj_bias else unbiased(self.proj, out)
         B, H, W, C = x.shape
         win = window_partition(cyclic_shift(x, self.shift) if self.shift else x, self.window)
-        x = window_reverse(self._windows(win, mask), self.window, H, W)
+        x = window_reverse(self._windows(win, mask, proj_bias), self.window, H, W)
         return cyclic_shift(x, -self.shift) if self.shift else x
 
-    def _windows(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _windows(self, x: torch.Tensor, mask: torch.Tensor | None,
+                 proj_bias: bool = True) -> torch.Tensor:
         Bw, N, C = x.shape  # (B·nW, N, C)
         qkv = self.qkv(x).view(Bw, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
         bias = self.position_bias()
@@ -133,8 +138,8 @@ class WindowAttention(nn.Module):
             # broadcast expresses and fused SDPA kernels take 4-D inputs only, so the bias is
             # materialised: the size of the attention matrix eager attention keeps anyway.
             bias = (bias + mask.unsqueeze(1)).repeat(Bw // mask.shape[0], 1, 1, 1)
-        out = attention(*qkv.unbind(0), bias=bias)  # (B·nW, heads, N, D)
-        return self.proj(out.transpose(1, 2).reshape(Bw, N, C))
+        out = attention(*qkv.unbind(0), bias=bias).transpose(1, 2).reshape(Bw, N, C)
+        return self.proj(out) if proj_bias else unbiased(self.proj, out)
 
 
 class SwinBlock(nn.Module):
@@ -149,9 +154,13 @@ class SwinBlock(nn.Module):
         mask = shift_mask(res, window, shift) if shift else None
         self.register_buffer("attn_mask", mask, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, H, W, C)
-        y, x = self.norm2.add(self.attn(self.norm1(x), self.attn_mask), x)  # x + attention, norm
-        return x + self.mlp(y)
+    def forward(self, x: torch.Tensor, branch: Branch = None, hand_on: bool = False
+                ) -> tuple[torch.Tensor, Branch]:
+        """x: the residual stream (B, H, W, C); ``branch``, ``hand_on``: see ``run_blocks``."""
+        return pre_norm_block(self, x, branch, hand_on, self.attn_mask)
+
+    def fp32_params(self) -> list[nn.Parameter]:
+        return block_fp32_params(self)
 
 
 class PatchMerging(nn.Module):
@@ -178,10 +187,7 @@ class SwinStage(nn.Module):
             for i in range(depth))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.downsample(x)
-        for blk in self.blocks:
-            x = blk(x)
-        return x
+        return run_blocks(self.blocks, self.downsample(x))
 
 
 class Swin(nn.Module):

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import attention
-from ..layers.mlp import Mlp
+from ..layers.blocks import Branch, block_fp32_params, pre_norm_block, run_blocks
+from ..layers.mlp import Mlp, unbiased
 from ..layers.norm import LayerNorm
 from ..layers.patch import PatchEmbed
 from .base import Workload
@@ -45,16 +46,19 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: None = None, proj_bias: bool = True
+                ) -> torch.Tensor:
+        """``proj_bias=False`` leaves the output projection's bias out, for the caller to add."""
         if self.batch_second:  # (T, B, C) → heads-major (3, B, H, T, D)
             T, B, C = x.shape
             qkv = self.qkv(x).view(T, B, 3, self.heads, C // self.heads).permute(2, 1, 3, 0, 4)
             out = attention(*qkv.unbind(0))  # (B, H, T, D)
-            return self.proj(out.permute(2, 0, 1, 3).reshape(T, B, C))
-        B, T, C = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        out = attention(*qkv.unbind(0))  # (B, H, T, D)
-        return self.proj(out.transpose(1, 2).reshape(B, T, C))
+            out = out.permute(2, 0, 1, 3).reshape(T, B, C)
+        else:
+            B, T, C = x.shape
+            qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+            out = attention(*qkv.unbind(0)).transpose(1, 2).reshape(B, T, C)  # from (B, H, T, D)
+        return self.proj(out) if proj_bias else unbiased(self.proj, out)
 
 
 class Block(nn.Module):
@@ -65,9 +69,13 @@ class Block(nn.Module):
         self.norm2 = LayerNorm(cfg.dim, eps=1e-6, feeds_matmul=True)
         self.mlp = Mlp(cfg.dim, cfg.mlp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y, x = self.norm2.add(self.attn(self.norm1(x)), x)  # x + attention, and its norm
-        return x + self.mlp(y)
+    def forward(self, x: torch.Tensor, branch: Branch = None, hand_on: bool = False
+                ) -> tuple[torch.Tensor, Branch]:
+        """``branch``, ``hand_on``: see ``run_blocks``."""
+        return pre_norm_block(self, x, branch, hand_on)
+
+    def fp32_params(self) -> list[nn.Parameter]:
+        return block_fp32_params(self)
 
 
 class ViT(nn.Module):
@@ -93,9 +101,7 @@ class ViT(nn.Module):
         x = x + self.pos_embed
         if self.batch_second:
             x = x.transpose(0, 1)  # (T, B, C)
-        for blk in self.blocks:
-            x = blk(x)
-        x = self.norm(x)
+        x = self.norm(run_blocks(self.blocks, x))
         tok_dim = 0 if self.batch_second else 1
         return x.select(tok_dim, 0) if self.pool == "cls" else x.mean(tok_dim)
 

@@ -1,0 +1,110 @@
+"""Pre-norm blocks (layers/blocks.py) on the fused LayerNorm path: the attention projection's
+and fc2's biases and both residual adds move into the norms' kernels, one block handing its MLP
+branch to the next, and the model computes what the plain path does (kernels interpreted)."""
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tests.interpreted import interpret, kernels_interpreted  # noqa: E402,F401
+
+with kernels_interpreted():
+    import fasttrain.kernels.norms  # noqa: F401
+
+from fasttrain.layers.blocks import run_blocks  # noqa: E402
+from fasttrain.layers.norm import LayerNorm  # noqa: E402
+from fasttrain.workloads import load_workload  # noqa: E402
+
+
+def _loss_and_grads(model, images, labels):
+    model.zero_grad()
+    loss = model(images, labels)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _fused(model):
+    fused = copy.deepcopy(model)
+    for m in fused.modules():
+        if isinstance(m, LayerNorm):
+            m.use_fused(True)
+    return fused
+
+
+@pytest.mark.parametrize("name", ["vit", "swin"])
+def test_fused_blocks_hand_their_branch_on_and_keep_every_gradient(name):
+    torch.manual_seed(0)
+    model = load_workload(name, "tiny").build_model()
+    for n, p in model.named_parameters():  # biases away from their zero init
+        if n.endswith("bias"):
+            torch.nn.init.normal_(p, std=0.1)
+    fused = _fused(model)
+    seen = []
+    blocks = [b for b in fused.modules() if hasattr(b, "mlp") and hasattr(b, "norm1")]
+    for b in blocks:
+        b.register_forward_hook(lambda m, args, out: seen.append((args[1] is not None, args[2],
+                                                                  out[1] is not None)))
+    images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
+    labels = torch.tensor([1, 7])
+    want_loss, want = _loss_and_grads(model, images, labels)
+    got_loss, got = _loss_and_grads(fused, images, labels)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-5)
+    for n, g in got.items():
+        torch.testing.assert_close(g, want[n], rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")
+    # every block but the last of its sequence handed its MLP branch on, and the next took it
+    assert [s[0] for s in seen] == [False] + [s[2] for s in seen[:-1]]
+    assert any(s[2] for s in seen) and not seen[-1][2]
+    assert all(s[1] == s[2] for s in seen)
+
+
+def test_only_fused_unsharded_blocks_hand_their_branch_on():
+    from torch.distributed.fsdp import FSDPModule
+
+    calls = []
+
+    class Block(torch.nn.Module):
+        norm2 = LayerNorm(2)
+        norm2.fused = True
+
+        def forward(self, x, branch, hand_on):
+            calls.append(hand_on)
+            return x + 1, None
+
+    x = torch.zeros(2)
+    assert torch.equal(run_blocks([Block(), Block(), Block()], x), x + 3)
+    assert calls == [True, True, False]
+    calls.clear()
+    Block.norm2.fused = False  # plain norms: nothing to hand on
+    run_blocks([Block(), Block()], x)
+    assert calls == [False, False]
+    Block.norm2.fused = True
+    calls.clear()
+    sharded = [Block(), Block()]
+    for b in sharded:  # what fully_shard does to a module: its class becomes an FSDPModule
+        b.__class__ = type("FSDPBlock", (FSDPModule, Block), {})
+    run_blocks(sharded, x)
+    assert calls == [False, False]
+
+
+def test_layers_whose_bias_a_kernel_adds_keep_their_float8_matmul(monkeypatch):
+    # fc1 (bias + GELU kernel), fc2 and the attention projection (biases in the norms) run
+    # their matmul without the bias; where fp8 made them Float8Linear that matmul stays float8
+    from fasttrain.kernels import fp8_linear as fp8
+    from fasttrain.layers.mlp import Mlp
+
+    model = load_workload("vit", "tiny").build_model()
+    linears = [m for blk in model.blocks for m in blk.modules() if type(m) is torch.nn.Linear]
+    for m in linears:
+        m.__class__ = fp8.Float8Linear
+    fused = _fused(model)
+    for m in fused.modules():
+        if isinstance(m, Mlp):
+            m.use_fused(True)
+    calls = []
+    real = fp8.fp8_linear
+    monkeypatch.setattr(fp8, "fp8_linear", lambda x, w, b=None: calls.append(b) or real(x, w, b))
+    fused(torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8), torch.tensor([1, 7]))
+    assert len(calls) == len(linears)  # qkv, proj, fc1, fc2 of each block
+    assert sum(b is None for b in calls) == 5  # block 1: proj, fc1, fc2; block 2: proj, fc1
