@@ -17,12 +17,9 @@ What is fused
 
     The backward recomputes the probabilities per window and writes dq, dk, dv into one
     (Bw, N, 3·C) gradient — the layout the qkv projection's backward reads. The bias gradient
-    is the sum of the score gradients over all windows: each program walks a strided set of
-    windows for one head, sums their score gradients in registers and writes one partial,
-    which a final ``torch.sum`` reduces (no atomics, no (Bw, heads, N, N) tensor). With
-    ``qkv_bias`` (the qkv projection's bias, left out of its matmul) the kernels add it to q, k
-    and v as they load them, and the backward sums dq, dk and dv over its windows' tokens the
-    same way, for that bias's gradient.
+    is the sum of the score gradients over all windows: each program walks a strided set of windows for one head, sums their score
+    gradients in registers and writes one partial, which a final ``torch.sum`` reduces (no
+    atomics, no (Bw, heads, N, N) tensor).
 
 When it helps
     Swin's window attention, eager or compiled: compile's decomposed attention runs two
@@ -107,25 +104,9 @@ def _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D):
 
 
 @triton.jit
-def _qkv_bias(qb_ptr, head, dcols, C, D):
-    """The fp32 q, k and v bias rows (BLOCK_D) of ``head``; padded columns 0."""
-    at = qb_ptr + head * D + dcols
-    cm = dcols < D
-    return (tl.load(at, mask=cm, other=0.0).to(tl.float32),
-            tl.load(at + C, mask=cm, other=0.0).to(tl.float32),
-            tl.load(at + 2 * C, mask=cm, other=0.0).to(tl.float32))
-
-
-@triton.jit
-def _biased(t, b, ld):
-    """tile + bias row in fp32, rounded back to the tile's dtype; padded rows stay 0."""
-    return tl.where(ld, t.to(tl.float32) + b[None, :], 0.0).to(t.dtype)
-
-
-@triton.jit
-def _fwd_kernel(qkv_ptr, qb_ptr, bm_ptr, out_ptr, lse_ptr, Bw, N, C, D, nW, heads, scale,
-                H, W, WH, WW, SHIFT, HAS_QB: tl.constexpr, DOT: tl.constexpr,
-                STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, Bw, N, C, D, nW, heads, scale,
+                H, W, WH, WW, SHIFT, DOT: tl.constexpr, STAGES: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program (part, head) walks windows part, part + parts, …: one window each when there
     are as many parts as windows; else persistent, the next windows' loads in flight (STAGES)."""
     part = tl.program_id(0).to(tl.int64)
@@ -137,14 +118,10 @@ def _fwd_kernel(qkv_ptr, qb_ptr, bm_ptr, out_ptr, lse_ptr, Bw, N, C, D, nW, head
     rmask = rows < N
     st = rmask[:, None] & (dcols < D)[None, :]
     tile = rows[:, None] * BLOCK_N + rows[None, :]
-    if HAS_QB:
-        bq, bk, bv = _qkv_bias(qb_ptr, head, dcols, C, D)
     for i in tl.range(0, tl.cdiv(Bw - part, parts), num_stages=STAGES):
         win = part + i * parts
         tok = _tokens(win, rows, H, W, WH, WW, SHIFT)
         q, k, v = _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D)
-        if HAS_QB:
-            q, k, v = _biased(q, bq, st), _biased(k, bk, st), _biased(v, bv, st)
         bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N + tile)
         s = _dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32)
         m = tl.reduce(s, 1, maximum)
@@ -157,13 +134,11 @@ def _fwd_kernel(qkv_ptr, qb_ptr, bm_ptr, out_ptr, lse_ptr, Bw, N, C, D, nW, head
 
 
 @triton.jit
-def _bwd_kernel(dout_ptr, qkv_ptr, qb_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr,
-                dqb_ptr, Bw, N, C, D, nW, heads, scale, H, W, WH, WW, SHIFT,
-                HAS_QB: tl.constexpr, DOT: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr):
+def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr,
+                Bw, N, C, D, nW, heads, scale, H, W, WH, WW, SHIFT,
+                DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Persistent: program (part, head) walks windows part, part + parts, … (neighbours run
-    side by side) and sums their score gradients into one bias partial (and, with the qkv
-    bias, dq, dk and dv over its windows' tokens into one row of that bias's partials)."""
+    side by side) and sums their score gradients into one bias partial."""
     part = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     parts = tl.num_programs(0)
@@ -174,17 +149,10 @@ def _bwd_kernel(dout_ptr, qkv_ptr, qb_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, d
     ld = rmask[:, None] & (dcols < D)[None, :]
     tile = rows[:, None] * BLOCK_N + rows[None, :]
     dbias = tl.full((BLOCK_N, BLOCK_N), 0.0, tl.float32)
-    dqb = tl.full((BLOCK_D,), 0.0, tl.float32)
-    dkb = tl.full((BLOCK_D,), 0.0, tl.float32)
-    dvb = tl.full((BLOCK_D,), 0.0, tl.float32)
-    if HAS_QB:
-        bq, bk, bv = _qkv_bias(qb_ptr, head, dcols, C, D)
     for i in range(0, tl.cdiv(Bw - part, parts)):
         win = part + i * parts
         tok = _tokens(win, rows, H, W, WH, WW, SHIFT)
         q, k, v = _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D)
-        if HAS_QB:
-            q, k, v = _biased(q, bq, ld), _biased(k, bk, ld), _biased(v, bv, ld)
         at = tok[:, None] * C + head * D + dcols[None, :]
         do = tl.load(dout_ptr + at, mask=ld, other=0.0)
         o = tl.load(out_ptr + at, mask=ld, other=0.0)
@@ -203,17 +171,7 @@ def _bwd_kernel(dout_ptr, qkv_ptr, qb_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, d
         tl.store(grad, dq.to(ty), mask=ld)
         tl.store(grad + C, dk.to(ty), mask=ld)
         tl.store(grad + 2 * C, dv.to(ty), mask=ld)
-        if HAS_QB:  # padded rows of dq, dk, dv are 0 (their ds rows and columns are)
-            dqb += tl.reduce(dq, 0, add)
-            dkb += tl.reduce(dk, 0, add)
-            dvb += tl.reduce(dv, 0, add)
     tl.store(dbias_ptr + (part * heads + head) * BLOCK_N * BLOCK_N + tile, dbias)
-    if HAS_QB:
-        at = dqb_ptr + part * 3 * C + head * D + dcols
-        cm = dcols < D
-        tl.store(at, dqb, mask=cm)
-        tl.store(at + C, dkb, mask=cm)
-        tl.store(at + 2 * C, dvb, mask=cm)
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -253,9 +211,8 @@ def _windows(qkv: torch.Tensor, bias: torch.Tensor) -> int:
 
 
 @op("fasttrain::window_attention_fwd")
-def _fwd(qkv: torch.Tensor, qkv_bias: Optional[torch.Tensor], bias: torch.Tensor,
-         mask: Optional[torch.Tensor], heads: int, scale: float, geometry: list[int]
-         ) -> tuple[torch.Tensor, torch.Tensor]:
+def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
+         scale: float, geometry: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """``geometry``: (H, W, window height, window width, shift) of the token map (_tokens)."""
     Bw, N = _windows(qkv, bias), bias.shape[-1]
     out = qkv.new_empty((*qkv.shape[:-1], qkv.shape[-1] // 3))
@@ -263,47 +220,39 @@ def _fwd(qkv: torch.Tensor, qkv_bias: Optional[torch.Tensor], bias: torch.Tensor
     if Bw > 0:
         bm, sizes, meta = _prepare(qkv, bias, mask, heads, LAUNCH["fwd_warps"])
         parts = _parts(qkv, Bw, heads, LAUNCH["fwd_programs_per_sm"])
-        launch(_fwd_kernel, (parts, heads), qkv, qkv if qkv_bias is None else qkv_bias, bm,
-               out, lse, Bw, *sizes, scale, *geometry, HAS_QB=qkv_bias is not None,
+        launch(_fwd_kernel, (parts, heads), qkv, bm, out, lse, Bw, *sizes, scale, *geometry,
                STAGES=LAUNCH["fwd_stages"], **meta)
     return out, lse
 
 
 @op("fasttrain::window_attention_bwd")
-def _bwd(dout: torch.Tensor, qkv: torch.Tensor, qkv_bias: Optional[torch.Tensor],
-         out: torch.Tensor, lse: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor],
-         heads: int, scale: float, geometry: list[int]) -> tuple[torch.Tensor, torch.Tensor,
-                                                                 torch.Tensor]:
-    """dqkv, the bias's gradient and (with ``qkv_bias``, else empty) the qkv bias's, in fp32."""
+def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+         bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
+         scale: float, geometry: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     Bw, N = _windows(qkv, bias), bias.shape[-1]
     dqkv = torch.empty_like(qkv)
-    nqb = 0 if qkv_bias is None else qkv.shape[-1]
     if Bw == 0:
-        return (dqkv, torch.zeros((heads, N, N), device=qkv.device, dtype=torch.float32),
-                torch.zeros(nqb, device=qkv.device, dtype=torch.float32))
+        return dqkv, torch.zeros((heads, N, N), device=qkv.device, dtype=torch.float32)
     parts = _parts(qkv, Bw, heads, LAUNCH["programs_per_sm"])
     bm, sizes, meta = _prepare(qkv, bias, mask, heads, LAUNCH["bwd_warps"])
     dbias = torch.empty((parts, heads, *bm.shape[2:]), device=qkv.device, dtype=torch.float32)
-    dqb = torch.empty((parts if nqb else 0, nqb), device=qkv.device, dtype=torch.float32)
-    launch(_bwd_kernel, (parts, heads), dout, qkv, qkv if qkv_bias is None else qkv_bias, out,
-           lse, bm, dqkv, dbias, dbias if qkv_bias is None else dqb, Bw, *sizes, scale,
-           *geometry, HAS_QB=qkv_bias is not None, **meta)
-    return dqkv, dbias.sum(0)[:, :N, :N], dqb.sum(0)
+    launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bm, dqkv, dbias, Bw, *sizes,
+           scale, *geometry, **meta)
+    return dqkv, dbias.sum(0)[:, :N, :N]
 
 
 def _setup(ctx, inputs, output) -> None:
-    qkv, qkv_bias, bias, mask, heads, scale, geometry = inputs
+    qkv, bias, mask, heads, scale, geometry = inputs
     ctx.heads, ctx.scale, ctx.geometry, ctx.bias_dtype = heads, scale, geometry, bias.dtype
-    ctx.save_for_backward(qkv, qkv_bias, bias, mask, output[0], output[1])
+    ctx.save_for_backward(qkv, bias, mask, output[0], output[1])
 
 
 def _backward(ctx, dout, _dlse):
-    qkv, qkv_bias, bias, mask, out, lse = ctx.saved_tensors
-    dqkv, dbias, dqb = torch.ops.fasttrain.window_attention_bwd(
-        output_grad(out, dout), qkv, qkv_bias, out, lse, bias, mask, ctx.heads, ctx.scale,
-        ctx.geometry)
-    dqb = None if qkv_bias is None else dqb.to(qkv_bias.dtype)
-    return dqkv, dqb, dbias.to(ctx.bias_dtype), None, None, None, None
+    qkv, bias, mask, out, lse = ctx.saved_tensors
+    dqkv, dbias = torch.ops.fasttrain.window_attention_bwd(output_grad(out, dout), qkv, out, lse,
+                                                           bias, mask, ctx.heads, ctx.scale,
+                                                           ctx.geometry)
+    return dqkv, dbias.to(ctx.bias_dtype), None, None, None, None
 
 
 _fwd.register_autograd(_backward, setup_context=_setup)
@@ -312,14 +261,9 @@ _fwd.register_autograd(_backward, setup_context=_setup)
 # ----------------------------------------------------------------------------- public API
 
 def _check(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor],
-           heads: int, qkv_bias: Optional[torch.Tensor] = None) -> None:
+           heads: int) -> None:
     if qkv.dtype not in _DTYPES:
         raise ValueError(f"qkv must be float32, bfloat16 or float16, got {qkv.dtype}")
-    if qkv_bias is not None and (qkv_bias.shape != qkv.shape[-1:] or qkv_bias.dtype not in _DTYPES
-                                 or qkv_bias.device != qkv.device):
-        raise ValueError(f"qkv_bias must be a float tensor of shape ({qkv.shape[-1]},) on "
-                         f"{qkv.device}, got {tuple(qkv_bias.shape)}, {qkv_bias.dtype} on "
-                         f"{qkv_bias.device}")
     if qkv.dim() != 3 or heads < 1 or qkv.shape[2] % (3 * heads):
         raise ValueError(f"qkv must be (windows, tokens, 3 * heads * head_dim) with {heads} "
                          f"heads, got shape {tuple(qkv.shape)}")
@@ -338,31 +282,25 @@ def _check(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor],
 
 
 def window_attention(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor],
-                     heads: int, scale: float | None = None,
-                     qkv_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     heads: int, scale: float | None = None) -> torch.Tensor:
     """Attention within windows: ``qkv`` (Bw, N, 3·C) as (3, heads, C/heads) on its last dim,
     ``bias`` (heads, N, N) added to every window's scores, ``mask`` (nW, N, N) added to window
-    ``b`` as ``mask[b % nW]`` (or None); ``scale`` defaults to head_dim^-½. ``qkv_bias`` (3·C,):
-    the qkv projection's bias, left out of its matmul and added here to q, k and v as they are
-    loaded (in fp32, rounded to qkv's dtype); its gradient comes out of the backward kernel's
-    pass instead of a reduction over all tokens. Returns (Bw, N, C) with the heads side by side,
-    in qkv's dtype."""
-    _check(qkv, bias, mask, heads, qkv_bias)
+    ``b`` as ``mask[b % nW]`` (or None); ``scale`` defaults to head_dim^-½. Returns (Bw, N, C)
+    with the heads side by side, in qkv's dtype."""
+    _check(qkv, bias, mask, heads)
     N = qkv.shape[1]
-    return _attend(qkv, bias, mask, heads, scale, [1, N, 1, N, 0], qkv_bias)
+    return _attend(qkv, bias, mask, heads, scale, [1, N, 1, N, 0])
 
 
 def map_window_attention(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor],
                          heads: int, window: int, shift: int = 0,
-                         scale: float | None = None,
-                         qkv_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         scale: float | None = None) -> torch.Tensor:
     """``window_attention`` on the token map itself: ``qkv`` (B, H, W, 3·C) unpartitioned, the
     windows those of the map rolled up-left by ``shift`` and cut into ``window`` × ``window``
     tiles (Swin's cyclic shift and window partition), ``mask`` (nW, N, N) for one image's nW
     windows. Returns (B, H, W, C) in the map's layout: what the reverse partition and shift of
     the windows' outputs give. The kernels find each window's tokens by address, so neither
-    the roll nor the partition (nor their reverses, nor their backwards) touches memory.
-    ``qkv_bias``: as in ``window_attention``."""
+    the roll nor the partition (nor their reverses, nor their backwards) touches memory."""
     if qkv.dim() != 4:
         raise ValueError(f"qkv must be a (batch, height, width, 3 * channels) map, got shape "
                          f"{tuple(qkv.shape)}")
@@ -371,36 +309,30 @@ def map_window_attention(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[t
         raise ValueError(f"a {H}x{W} map does not tile into {window}x{window} windows shifted "
                          f"by {shift} (need window | H, W and 0 <= shift < window)")
     N = window * window
-    _check(qkv.reshape(-1, N, C3), bias, mask, heads, qkv_bias)
+    _check(qkv.reshape(-1, N, C3), bias, mask, heads)
     if mask is not None and mask.shape[0] != (H // window) * (W // window):
         raise ValueError(f"mask must have one (N, N) slice per window of an image "
                          f"({(H // window) * (W // window)}), got {mask.shape[0]}")
-    return _attend(qkv, bias, mask, heads, scale, [H, W, window, window, shift], qkv_bias)
+    return _attend(qkv, bias, mask, heads, scale, [H, W, window, window, shift])
 
 
 def _attend(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
-            scale: float | None, geometry: list[int],
-            qkv_bias: Optional[torch.Tensor]) -> torch.Tensor:
+            scale: float | None, geometry: list[int]) -> torch.Tensor:
     head_dim = qkv.shape[-1] // (3 * heads)
     scale = head_dim ** -0.5 if scale is None else float(scale)
     mask = None if mask is None else mask.contiguous()
-    qb = None if qkv_bias is None else qkv_bias.contiguous()
-    out, _ = torch.ops.fasttrain.window_attention_fwd(qkv.contiguous(), qb, bias.contiguous(),
-                                                      mask, heads, scale, geometry)
+    out, _ = torch.ops.fasttrain.window_attention_fwd(qkv.contiguous(), bias.contiguous(), mask,
+                                                      heads, scale, geometry)
     return out
 
 
 def window_attention_reference(qkv: torch.Tensor, bias: torch.Tensor,
                                mask: Optional[torch.Tensor], heads: int,
-                               scale: float | None = None,
-                               qkv_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                               scale: float | None = None) -> torch.Tensor:
     """Plain-PyTorch ``window_attention``: bias + mask rounded to qkv's dtype before they are
     added (as the kernel, and SDPA under autocast, take them), fp32 (or wider) scores and
     softmax, the probabilities rounded to qkv's dtype as the kernel does, output in qkv's
     dtype."""
-    if qkv_bias is not None:  # added in fp32 and rounded to qkv's dtype, as the kernel does
-        acc0 = torch.promote_types(qkv.dtype, torch.float32)
-        qkv = (qkv.to(acc0) + qkv_bias.to(acc0)).to(qkv.dtype)
     Bw, N, C3 = qkv.shape
     head_dim = C3 // (3 * heads)
     scale = head_dim ** -0.5 if scale is None else scale
@@ -416,12 +348,11 @@ def window_attention_reference(qkv: torch.Tensor, bias: torch.Tensor,
 
 def map_window_attention_reference(qkv: torch.Tensor, bias: torch.Tensor,
                                    mask: Optional[torch.Tensor], heads: int, window: int,
-                                   shift: int = 0, scale: float | None = None,
-                                   qkv_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                                   shift: int = 0, scale: float | None = None) -> torch.Tensor:
     """Plain-PyTorch ``map_window_attention``: roll, partition, attend, reverse, roll back."""
     from ..layers.windows import cyclic_shift, window_partition, window_reverse
 
     _, H, W, _ = qkv.shape
     win = window_partition(cyclic_shift(qkv, shift), window)
-    out = window_attention_reference(win, bias, mask, heads, scale, qkv_bias)
+    out = window_attention_reference(win, bias, mask, heads, scale)
     return cyclic_shift(window_reverse(out, window, H, W), -shift)

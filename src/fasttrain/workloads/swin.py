@@ -107,11 +107,6 @@ class WindowAttention(nn.Module):
         self.fused = on
         return ["window attention with bias, mask, shift and partition in one Triton kernel"]
 
-    def fp32_params(self) -> list[nn.Parameter]:
-        """The qkv bias the fused kernel adds itself, outside autocast's casts (bf16 master
-        weights leave it fp32, ``techniques/optimizer.py``)."""
-        return [self.qkv.bias] if self.fused and self.qkv.bias is not None else []
-
     def position_bias(self) -> torch.Tensor:
         N = self.relative_position_index.shape[0]
         bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
@@ -125,9 +120,8 @@ class WindowAttention(nn.Module):
         if self.fused:  # x (B, H, W, C), mask (nW, N, N) for one image's windows
             from ..kernels.window_attention import map_window_attention
 
-            out = map_window_attention(unbiased(self.qkv, x), self.position_bias()[0], mask,
-                                       self.heads, self.window, self.shift,
-                                       qkv_bias=self.qkv.bias)
+            out = map_window_attention(self.qkv(x), self.position_bias()[0], mask, self.heads,
+                                       self.window, self.shift)
             return self.proj(out) if proj_bias else unbiased(self.proj, out)
         B, H, W, C = x.shape
         win = window_partition(cyclic_shift(x, self.shift) if self.shift else x, self.window)
