@@ -32,7 +32,7 @@ def pre_norm_block(block: nn.Module, x: torch.Tensor, branch: Branch, hand_on: b
     fuse = block.norm2.takes_bias()
     a = block.attn(y, mask, proj_bias=not fuse)
     y, x = block.norm2.add(a, x, block.attn.proj.bias if fuse else None)
-    if hand_on and fuse:
+    if hand_on:  # run_blocks hands on only where the norms are fused
         return x, (block.mlp(y, fc2_bias=False), block.mlp.fc2.bias)
     return x + block.mlp(y), None
 

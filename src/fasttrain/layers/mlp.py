@@ -10,15 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def unbiased(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` without the bias, which a fused kernel adds instead: the layer's own matmul,
-    in float8 where the fp8 technique made it a ``Float8Linear``."""
-    from ..kernels.fp8_linear import Float8Linear, fp8_linear
-
-    if isinstance(layer, Float8Linear):
-        return fp8_linear(x, layer.weight, None)
-    return F.linear(x, layer.weight)
+from .linear import linear
 
 
 class Mlp(nn.Module):
@@ -46,10 +38,10 @@ class Mlp(nn.Module):
         if self.fused:
             from ..kernels.activations import bias_gelu
 
-            h = bias_gelu(unbiased(self.fc1, x), self.fc1.bias, self.approximate)
+            h = bias_gelu(linear(self.fc1, x, bias=False), self.fc1.bias, self.approximate)
         else:
             h = F.gelu(self.fc1(x), approximate=self.approximate)
-        return self.fc2(h) if fc2_bias else unbiased(self.fc2, h)
+        return linear(self.fc2, h, bias=fc2_bias)
 
 
 class SwiGLU(nn.Module):

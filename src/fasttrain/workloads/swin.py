@@ -18,7 +18,8 @@ from torch import nn
 
 from ..layers.attention import attention
 from ..layers.blocks import Branch, block_fp32_params, pre_norm_block, run_blocks
-from ..layers.mlp import Mlp, unbiased
+from ..layers.linear import linear
+from ..layers.mlp import Mlp
 from ..layers.norm import LayerNorm
 from ..layers.patch import PatchEmbed
 from ..layers.windows import cyclic_shift, window_partition, window_reverse
@@ -122,7 +123,7 @@ class WindowAttention(nn.Module):
 
             out = map_window_attention(self.qkv(x), self.position_bias()[0], mask, self.heads,
                                        self.window, self.shift)
-            return self.proj(out) if proj_bias else unbiased(self.proj, out)
+            return linear(self.proj, out, bias=proj_bias)
         B, H, W, C = x.shape
         win = window_partition(cyclic_shift(x, self.shift) if self.shift else x, self.window)
         x = window_reverse(self._windows(win, mask, proj_bias), self.window, H, W)
@@ -139,7 +140,7 @@ class WindowAttention(nn.Module):
             # materialised: the size of the attention matrix eager attention keeps anyway.
             bias = (bias + mask.unsqueeze(1)).repeat(Bw // mask.shape[0], 1, 1, 1)
         out = attention(*qkv.unbind(0), bias=bias).transpose(1, 2).reshape(Bw, N, C)
-        return self.proj(out) if proj_bias else unbiased(self.proj, out)
+        return linear(self.proj, out, bias=proj_bias)
 
 
 class SwinBlock(nn.Module):

@@ -14,7 +14,8 @@ from torch import nn
 
 from ..layers.attention import attention
 from ..layers.blocks import Branch, block_fp32_params, pre_norm_block, run_blocks
-from ..layers.mlp import Mlp, unbiased
+from ..layers.linear import linear
+from ..layers.mlp import Mlp
 from ..layers.norm import LayerNorm
 from ..layers.patch import PatchEmbed
 from .base import Workload
@@ -58,7 +59,7 @@ class SelfAttention(nn.Module):
             B, T, C = x.shape
             qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
             out = attention(*qkv.unbind(0)).transpose(1, 2).reshape(B, T, C)  # from (B, H, T, D)
-        return self.proj(out) if proj_bias else unbiased(self.proj, out)
+        return linear(self.proj, out, bias=proj_bias)
 
 
 class Block(nn.Module):
