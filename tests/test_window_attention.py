@@ -56,14 +56,15 @@ def test_output_and_gradients_match_the_reference(dtype, windows, tokens, heads,
         torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("heads, stages", [(2, 1), (1, 3)])
-def test_persistent_forward_walks_several_windows_each(monkeypatch, heads, stages):
+@pytest.mark.parametrize("heads, stages, per_sm", [(2, 1, 2), (1, 3, 2), (2, 1, 0)])
+def test_persistent_forward_walks_several_windows_each(monkeypatch, heads, stages, per_sm):
     # the interpreter's 4 programs: 7 windows of 2 heads over 2 parts (4 and 3 windows
-    # each), or of 1 head over 4 parts (2, 2, 2 and 1); num_stages only matters on a GPU
+    # each), or of 1 head over 4 parts (2, 2, 2 and 1); num_stages only matters on a GPU;
+    # 0 programs per SM: one window a program
     import sys
 
     wa = sys.modules[window_attention.__module__]
-    monkeypatch.setitem(wa.LAUNCH, "fwd_programs_per_sm", 2)
+    monkeypatch.setitem(wa.LAUNCH, "fwd_programs_per_sm", per_sm)
     monkeypatch.setitem(wa.LAUNCH, "fwd_stages", stages)
     qkv, bias, mask, cot = _inputs(7, 49, heads, 16, 7, torch.float32)
     got = _run(window_attention, qkv, bias, mask, heads, cot)
@@ -126,6 +127,24 @@ def test_map_mode_matches_roll_partition_attend_reverse(dtype, height, width, wi
     for name, a, b in zip(("out", "dqkv", "dbias"), got, want):
         assert a.shape == b.shape and a.dtype == b.dtype, name
         torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda m: f"{name}: {m}")
+
+
+def test_map_mode_with_int64_offsets_matches(monkeypatch):
+    # maps of 2³¹ elements or more index in int64 (WIDE): forced here on a small one
+    from fasttrain.kernels import window_attention as module
+
+    monkeypatch.setattr(module, "WIDE_ELEMENTS", 1)
+    g = torch.Generator().manual_seed(2)
+    heads, window, shift = 2, 3, 1
+    qkv = torch.randn(2, 6, 9, 3 * heads * 8, generator=g)
+    bias = 0.5 * torch.randn(heads, 9, 9, generator=g)
+    mask = torch.where(torch.rand(6, 9, 9, generator=g) < 0.3, -100.0, 0.0)
+    cot = torch.randn(2, 6, 9, heads * 8, generator=g)
+    got = _run(lambda *a: map_window_attention(*a, window, shift), qkv, bias, mask, heads, cot)
+    want = _run(lambda *a: map_window_attention_reference(*a, window, shift), qkv, bias, mask,
+                heads, cot)
+    for name, a, b in zip(("out", "dqkv", "dbias"), got, want):
+        torch.testing.assert_close(a, b, **TOL[torch.float32], msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("call, message", [

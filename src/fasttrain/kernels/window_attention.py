@@ -49,19 +49,20 @@ __all__ = ["window_attention", "window_attention_reference", "map_window_attenti
            "map_window_attention_reference", "MAX_TOKENS"]
 
 MAX_TOKENS = 128  # tokens per window that one tile holds (a 64 × 64 or 128 × 128 score tile)
+WIDE_ELEMENTS = 2**31  # qkv maps this large index in int64 (the kernels' WIDE), smaller in int32
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Launch settings (H200, benchmarks/window_tune.py, window-tune-20261121-0813: fastest at all
 # four Swin stages): warps per program; for the backward the persistent programs per SM, each
 # summing one bias partial over its windows, and the software-pipelining stages of its loop
 # (capping its 242 registers a thread to fit 3 or 4 programs an SM measured 19-52% slower:
-# window-tune-20261121-2133). The forward runs one window a program (fwd_programs_per_sm 0);
-# it can walk windows persistently too, with the next windows' loads ``fwd_stages`` ahead,
-# which alone measured 17-21% faster (4 programs per SM, 3 stages; window-tune-20261121-2123)
-# but in Swin-B's whole graphed step a tie (2,977 and 2,981 against 2,980 and 2,979 img/s,
-# train-window-fwd-ab-20261121-2156; in the step's profile its kernels took 1.12 against
-# 0.91 ms, profile-swin-base-20261121-213447), so the simpler launch stays.
+# window-tune-20261121-2133). The forward walks windows persistently too, 4 programs per SM
+# with the next windows' loads 3 stages ahead: once the index arithmetic was int32 with the
+# geometry constant (ncu-window-20261122-0059: forward 22-26% and backward 33-34% faster), that
+# took Swin-B's graphed step another 0.9% (3,242 and 3,247 against 3,213 and 3,215 img/s,
+# train-window-int32-20261122-0108); before it, a tie (train-window-fwd-ab-20261121-2156).
+# fwd_programs_per_sm 0: one window a program.
 LAUNCH = {"fwd_warps": 4, "bwd_warps": 4, "programs_per_sm": 2, "stages": 3,
-          "fwd_programs_per_sm": 0, "fwd_stages": 1}
+          "fwd_programs_per_sm": 4, "fwd_stages": 3}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -81,16 +82,25 @@ def _dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def _tokens(win, rows, H, W, WH, WW, SHIFT):
+def _tokens(win, rows, H: tl.constexpr, W: tl.constexpr, WH: tl.constexpr, WW: tl.constexpr,
+            SHIFT: tl.constexpr):
     """Where window ``win``'s tokens ``rows`` sit in the (B, H, W) token map: the windows of
     the map rolled up-left by SHIFT, WH × WW tokens each, row-major (window_partition of
-    cyclic_shift). Windows side by side in memory are the map 1 × N with windows 1 × N."""
-    across = W // WW
-    per_image = (H // WH) * across
+    cyclic_shift). Windows side by side in memory are the map 1 × N with windows 1 × N.
+
+    The geometry is constant, so the divisions are multiplies and the roll's wrap-around one
+    conditional subtraction, in ``win``'s integer type (int32 unless the kernel's WIDE): ncu
+    found int64 divisions by runtime sizes keeping the ALU these kernels' busiest pipeline.
+    Padded rows (rows ≥ N) get addresses that are never loaded."""
+    across: tl.constexpr = W // WW
+    per_image: tl.constexpr = (H // WH) * across
     image = win // per_image
     w = win % per_image
-    y = ((w // across) * WH + rows // WW + SHIFT) % H
-    x = ((w % across) * WW + rows % WW + SHIFT) % W
+    y = (w // across) * WH + rows // WW + SHIFT
+    x = (w % across) * WW + rows % WW + SHIFT
+    if SHIFT > 0:
+        y = tl.where(y >= H, y - H, y)
+        x = tl.where(x >= W, x - W, x)
     return (image * H + y) * W + x
 
 
@@ -104,12 +114,16 @@ def _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D):
 
 
 @triton.jit
-def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, Bw, N, C, D, nW, heads, scale,
-                H, W, WH, WW, SHIFT, DOT: tl.constexpr, STAGES: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, Bw, scale, N: tl.constexpr,
+                C: tl.constexpr, D: tl.constexpr, heads: tl.constexpr, NW: tl.constexpr,
+                H: tl.constexpr, W: tl.constexpr, WH: tl.constexpr, WW: tl.constexpr,
+                SHIFT: tl.constexpr, WIDE: tl.constexpr, DOT: tl.constexpr,
+                STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program (part, head) walks windows part, part + parts, …: one window each when there
     are as many parts as windows; else persistent, the next windows' loads in flight (STAGES)."""
-    part = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(0)
+    if WIDE:  # qkv has 2³¹ elements or more: int64 offsets
+        part = part.to(tl.int64)
     head = tl.program_id(1)
     parts = tl.num_programs(0)
     scale = tl.cast(scale, tl.float32)  # see ._triton: Python floats
@@ -122,7 +136,7 @@ def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, Bw, N, C, D, nW, heads, scale
         win = part + i * parts
         tok = _tokens(win, rows, H, W, WH, WW, SHIFT)
         q, k, v = _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D)
-        bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N + tile)
+        bm = tl.load(bm_ptr + ((win % NW) * heads + head) * BLOCK_N * BLOCK_N + tile)
         s = _dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32)
         m = tl.reduce(s, 1, maximum)
         p = tl.exp(s - m[:, None])
@@ -135,11 +149,15 @@ def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, Bw, N, C, D, nW, heads, scale
 
 @triton.jit
 def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr,
-                Bw, N, C, D, nW, heads, scale, H, W, WH, WW, SHIFT,
+                Bw, scale, N: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
+                heads: tl.constexpr, NW: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
+                WH: tl.constexpr, WW: tl.constexpr, SHIFT: tl.constexpr, WIDE: tl.constexpr,
                 DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Persistent: program (part, head) walks windows part, part + parts, … (neighbours run
     side by side) and sums their score gradients into one bias partial."""
-    part = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(0)
+    if WIDE:  # qkv has 2³¹ elements or more: int64 offsets
+        part = part.to(tl.int64)
     head = tl.program_id(1)
     parts = tl.num_programs(0)
     scale = tl.cast(scale, tl.float32)  # see ._triton: Python floats
@@ -158,7 +176,7 @@ def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr
         o = tl.load(out_ptr + at, mask=ld, other=0.0)
         delta = tl.reduce(do.to(tl.float32) * o.to(tl.float32), 1, add)  # rowsum(dO ∘ O)
         lse = tl.load(lse_ptr + (win * heads + head) * N + rows, mask=rmask, other=0.0)
-        bm = tl.load(bm_ptr + ((win % nW) * heads + head) * BLOCK_N * BLOCK_N + tile)
+        bm = tl.load(bm_ptr + ((win % NW) * heads + head) * BLOCK_N * BLOCK_N + tile)
         p = tl.exp(_dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32) - lse[:, None])
         dv = _dot(tl.trans(p.to(do.dtype)), do, DOT)
         ds = p * (_dot(do, tl.trans(v), DOT) - delta[:, None])  # 0 on padded queries, keys
@@ -188,16 +206,20 @@ def _bias_tiles(bias: torch.Tensor, mask: Optional[torch.Tensor], dtype: torch.d
 
 
 def _prepare(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
-             warps: int) -> tuple[torch.Tensor, tuple, dict]:
-    """What both kernels take besides their tensors: the bias tiles, the sizes (N, C, head_dim,
-    nW, heads) and the compile-time settings."""
+             warps: int, geometry: list[int]) -> tuple[torch.Tensor, dict]:
+    """What both kernels take besides their tensors: the bias tiles and the compile-time
+    settings: the sizes (N, C, head_dim, heads), ``geometry``'s (see ``_tokens``) and the
+    launch's. Constant sizes make the address arithmetic multiplies by constants."""
     N, C3 = bias.shape[-1], qkv.shape[-1]
     block_n = max(16, triton.next_power_of_2(N))
     bm = _bias_tiles(bias, mask, qkv.dtype, block_n)
     meta = dict(DOT=1 if qkv.dtype == torch.float32 else 2 if INTERPRETED else 0,
                 BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(C3 // 3 // heads)),
-                num_stages=LAUNCH["stages"], num_warps=warps * (1 if block_n <= 64 else 2))
-    return bm, (N, C3 // 3, C3 // 3 // heads, bm.shape[0], heads), meta
+                num_stages=LAUNCH["stages"], num_warps=warps * (1 if block_n <= 64 else 2),
+                N=N, C=C3 // 3, D=C3 // 3 // heads, heads=heads, NW=bm.shape[0],
+                WIDE=qkv.numel() >= WIDE_ELEMENTS,
+                **dict(zip(("H", "W", "WH", "WW", "SHIFT"), geometry)))
+    return bm, meta
 
 
 def _parts(qkv: torch.Tensor, Bw: int, heads: int, per_sm: int) -> int:
@@ -218,9 +240,9 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
     out = qkv.new_empty((*qkv.shape[:-1], qkv.shape[-1] // 3))
     lse = torch.empty((Bw, heads, N), device=qkv.device, dtype=torch.float32)
     if Bw > 0:
-        bm, sizes, meta = _prepare(qkv, bias, mask, heads, LAUNCH["fwd_warps"])
+        bm, meta = _prepare(qkv, bias, mask, heads, LAUNCH["fwd_warps"], geometry)
         parts = _parts(qkv, Bw, heads, LAUNCH["fwd_programs_per_sm"])
-        launch(_fwd_kernel, (parts, heads), qkv, bm, out, lse, Bw, *sizes, scale, *geometry,
+        launch(_fwd_kernel, (parts, heads), qkv, bm, out, lse, Bw, scale,
                STAGES=LAUNCH["fwd_stages"], **meta)
     return out, lse
 
@@ -234,10 +256,9 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
     if Bw == 0:
         return dqkv, torch.zeros((heads, N, N), device=qkv.device, dtype=torch.float32)
     parts = _parts(qkv, Bw, heads, LAUNCH["programs_per_sm"])
-    bm, sizes, meta = _prepare(qkv, bias, mask, heads, LAUNCH["bwd_warps"])
+    bm, meta = _prepare(qkv, bias, mask, heads, LAUNCH["bwd_warps"], geometry)
     dbias = torch.empty((parts, heads, *bm.shape[2:]), device=qkv.device, dtype=torch.float32)
-    launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bm, dqkv, dbias, Bw, *sizes,
-           scale, *geometry, **meta)
+    launch(_bwd_kernel, (parts, heads), dout, qkv, out, lse, bm, dqkv, dbias, Bw, scale, **meta)
     return dqkv, dbias.sum(0)[:, :N, :N]
 
 
