@@ -57,7 +57,7 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # (capping its 242 registers a thread to fit 3 or 4 programs an SM measured 19-52% slower:
 # window-tune-20261121-2133). The forward walks windows persistently too, 4 programs per SM
 # with the next windows' loads 3 stages ahead: once the index arithmetic was int32 with the
-# geometry constant (ncu-window-20261122-0059: forward 22-26% and backward 33-34% faster), that
+# geometry constant (ncu-window-20261122-0059: forward 21-27% and backward 33-35% faster), that
 # took Swin-B's graphed step another 0.9% (3,242 and 3,247 against 3,213 and 3,215 img/s,
 # train-window-int32-20261122-0108); before it, a tie (train-window-fwd-ab-20261121-2156).
 # fwd_programs_per_sm 0: one window a program.
