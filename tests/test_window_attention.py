@@ -104,16 +104,21 @@ def test_bad_input_is_a_one_line_value_error(call, message):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("height, width, window, shift, masked", [
-    (8, 12, 4, 2, True),  # shifted: 2 x 3 windows an image, a mask per window
-    (8, 12, 4, 0, False),  # unshifted
-    (6, 6, 3, 1, True),  # odd window (9 tokens), odd shift
-    (4, 4, 4, 0, False),  # one window covers the map
-], ids=["shifted", "unshifted", "odd", "one-window"])
-def test_map_mode_matches_roll_partition_attend_reverse(dtype, height, width, window, shift,
-                                                        masked):
+@pytest.mark.parametrize("height, width, window, shift, masked, wide", [
+    (8, 12, 4, 2, True, False),  # shifted: 2 x 3 windows an image, a mask per window
+    (8, 12, 4, 0, False, False),  # unshifted
+    (6, 6, 3, 1, True, False),  # odd window (9 tokens), odd shift
+    (4, 4, 4, 0, False, False),  # one window covers the map
+    (6, 9, 3, 1, True, True),  # int64 offsets (WIDE), which maps of 2³¹ elements take
+], ids=["shifted", "unshifted", "odd", "one-window", "int64"])
+def test_map_mode_matches_roll_partition_attend_reverse(monkeypatch, dtype, height, width,
+                                                        window, shift, masked, wide):
     # the kernel reads the windows of the rolled map by address and writes back in place:
     # output and gradients equal those of the materialised roll + partition and reverses
+    if wide:
+        from fasttrain.kernels import window_attention as module
+
+        monkeypatch.setattr(module, "WIDE_ELEMENTS", 1)
     g = torch.Generator().manual_seed(1)
     heads, head_dim, N, B = 2, 8, window * window, 2
     qkv = torch.randn(B, height, width, 3 * heads * head_dim, generator=g).to(dtype)
@@ -127,24 +132,6 @@ def test_map_mode_matches_roll_partition_attend_reverse(dtype, height, width, wi
     for name, a, b in zip(("out", "dqkv", "dbias"), got, want):
         assert a.shape == b.shape and a.dtype == b.dtype, name
         torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda m: f"{name}: {m}")
-
-
-def test_map_mode_with_int64_offsets_matches(monkeypatch):
-    # maps of 2³¹ elements or more index in int64 (WIDE): forced here on a small one
-    from fasttrain.kernels import window_attention as module
-
-    monkeypatch.setattr(module, "WIDE_ELEMENTS", 1)
-    g = torch.Generator().manual_seed(2)
-    heads, window, shift = 2, 3, 1
-    qkv = torch.randn(2, 6, 9, 3 * heads * 8, generator=g)
-    bias = 0.5 * torch.randn(heads, 9, 9, generator=g)
-    mask = torch.where(torch.rand(6, 9, 9, generator=g) < 0.3, -100.0, 0.0)
-    cot = torch.randn(2, 6, 9, heads * 8, generator=g)
-    got = _run(lambda *a: map_window_attention(*a, window, shift), qkv, bias, mask, heads, cot)
-    want = _run(lambda *a: map_window_attention_reference(*a, window, shift), qkv, bias, mask,
-                heads, cot)
-    for name, a, b in zip(("out", "dqkv", "dbias"), got, want):
-        torch.testing.assert_close(a, b, **TOL[torch.float32], msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("call, message", [

@@ -17,9 +17,9 @@ What is fused
 
     The backward recomputes the probabilities per window and writes dq, dk, dv into one
     (Bw, N, 3·C) gradient — the layout the qkv projection's backward reads. The bias gradient
-    is the sum of the score gradients over all windows: each program walks a strided set of windows for one head, sums their score
-    gradients in registers and writes one partial, which a final ``torch.sum`` reduces (no
-    atomics, no (Bw, heads, N, N) tensor).
+    is the sum of the score gradients over all windows: each program walks a strided set of
+    windows for one head, sums their score gradients in registers and writes one partial,
+    which a final ``torch.sum`` reduces (no atomics, no (Bw, heads, N, N) tensor).
 
 When it helps
     Swin's window attention, eager or compiled: compile's decomposed attention runs two
