@@ -53,7 +53,7 @@ def main() -> None:
     _target()
     import fasttrain.kernels as package
     from fasttrain.kernels import (_triton, activations, group_norm, norms, rope,
-                                   window_attention)
+                                   seq_attention, window_attention)
 
     # every kernel module that launches through _triton.launch: one added later shows up below
     # as kernels never launched until main() calls its ops
@@ -110,6 +110,11 @@ def main() -> None:
     out, lse = call(window_attention._fwd, qkv, pos, shift_mask, 2, 0.18, [14, 14, 7, 7, 3])
     call(window_attention._bwd, rnd(2, 14, 14, 64), qkv, out, lse, pos, shift_mask, 2, 0.18,
          [14, 14, 7, 7, 3])
+
+    for T, batch_second in ((197, False), (64, True)):  # a partial block of 16; none
+        qkv = rnd(T, 2, 3 * 128) if batch_second else rnd(2, T, 3 * 128)
+        out, lse = call(seq_attention._fwd, qkv, 2, 0.125, batch_second)
+        call(seq_attention._bwd, rnd(*out.shape), qkv, out, lse, 2, 0.125, batch_second)
 
     q, k = rnd(2, 4, 16, 64), rnd(2, 2, 16, 64)
     cos, sin = rnd(16, 32, dtype=f32), rnd(16, 32, dtype=f32)

@@ -223,6 +223,18 @@ def test_map_window_attention_compiled_on_cuda_matches_the_reference():
                             [qkv, bias], lambda out: (out.float() * cot).sum())
 
 
+def test_seq_attention_compiled_on_cuda_matches_the_reference():
+    from fasttrain.kernels.seq_attention import seq_attention, seq_attention_reference
+
+    torch.manual_seed(0)
+    # ViT-B/16's 197 tokens (three blocks of 64 and a partial one) and 12 heads of 64
+    qkv = torch.randn(16, 197, 3 * 768, device="cuda", dtype=torch.bfloat16)
+    cot = torch.randn(16, 197, 768, device="cuda")
+    _compiled_and_reference(lambda q: seq_attention(q, 12),
+                            lambda q: seq_attention_reference(q, 12), [qkv],
+                            lambda out: (out.float() * cot).sum())
+
+
 def test_activation_and_rope_kernels_compiled_on_cuda_match_the_reference():
     from fasttrain.kernels import activations as act
     from fasttrain.kernels.rope import rope, rope_reference
@@ -337,6 +349,13 @@ def test_vit_layer_norm_kernel_in_the_graphed_training_loop_keeps_the_losses():
     _kernels_keep_the_losses("vit", Recipe(precision="bf16-mixed", optimizer_impl="fused",
                                            compile="model", cuda_graphs=True),
                              ("layernorm",), "LayerNorm (with the residual add before it) in Triton")
+
+
+def test_vit_attention_kernel_in_the_graphed_training_loop_keeps_the_losses():
+    _kernels_keep_the_losses("vit", Recipe(precision="bf16-mixed", optimizer_impl="fused",
+                                           compile="model", cuda_graphs=True),
+                             ("attention", "attention,layernorm,gelu"),
+                             "self-attention from the qkv projection's layout")
 
 
 def test_dependent_launch_and_combo_kernels_in_the_graphed_training_loop_keep_the_losses():

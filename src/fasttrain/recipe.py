@@ -25,7 +25,8 @@ INIT = ("device", "host")
 ALLOCATOR = ("default", "expandable")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused", "triton")
 KERNELS = ("none", "fused")
-KERNEL_FAMILIES = ("patch", "loss", "window", "layernorm", "gelu", "swiglu", "rope", "groupnorm")
+KERNEL_FAMILIES = ("patch", "loss", "window", "layernorm", "gelu", "swiglu", "rope", "groupnorm",
+                   "attention")
 """What ``kernels`` may name besides none | fused (all of them): see techniques/kernels.py."""
 FP8 = ("none", "large", "linear")
 EMA_MODES = ("auto", "none", "per-tensor", "foreach", "side-stream")
@@ -135,7 +136,8 @@ class Recipe:
     map), layernorm (the blocks' LayerNorms with the residual add before norm2, Swin and ViT),
     gelu (bias + GELU), swiglu (SiLU·up), rope (rotary embedding of q and k in one kernel),
     groupnorm (GroupNorm + SiLU reading channels-last activations in place: SD's UNet and
-    VAE)."""
+    VAE), attention (ViT's self-attention in Triton straight from the qkv projection's layout,
+    odd lengths padded to 16 not 64)."""
     fp8: str = "none"
     """none | large | linear: the linear layers of the trainable repeated blocks multiply in
     float8 (e4m3 forward, e5m2 gradients, per-tensor dynamic scales) — all of them (linear) or

@@ -61,6 +61,18 @@ def sum0(v):
     return tl.reduce(v, 0, add)
 
 
+@triton.jit
+def tile_dot(a, b, DOT: tl.constexpr):
+    """a @ b with fp32 accumulation. DOT: 0 tensor cores in the inputs' 16-bit dtype, 1 full
+    fp32 (no TF32), 2 upcast first (the interpreter's dot mishandles bfloat16)."""
+    if DOT == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif DOT == 1:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
 def output_grad(saved: torch.Tensor, dy: torch.Tensor | None) -> torch.Tensor:
     """An output's gradient as a kernel reads it: contiguous (autograd may hand in an expanded
     one), zeros like ``saved`` where autograd hands in none."""

@@ -43,7 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import INTERPRETED, add, launch, maximum, op, output_grad, programs_cap
+from ._triton import (INTERPRETED, add, launch, maximum, op, output_grad, programs_cap,
+                      tile_dot)
 
 __all__ = ["window_attention", "window_attention_reference", "map_window_attention",
            "map_window_attention_reference", "MAX_TOKENS"]
@@ -68,18 +69,6 @@ LAUNCH = {"fwd_warps": 4, "bwd_warps": 4, "programs_per_sm": 2, "stages": 3,
 # ----------------------------------------------------------------------------- kernels
 # Builtins of triton.language and the reductions of ._triton only: the kernels also run in
 # the interpreter.
-
-@triton.jit
-def _dot(a, b, DOT: tl.constexpr):
-    """a @ b with fp32 accumulation. DOT: 0 tensor cores in the inputs' 16-bit dtype, 1 full
-    fp32 (no TF32), 2 upcast first (the interpreter's dot mishandles bfloat16)."""
-    if DOT == 2:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif DOT == 1:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
-
 
 @triton.jit
 def _tokens(win, rows, H: tl.constexpr, W: tl.constexpr, WH: tl.constexpr, WW: tl.constexpr,
@@ -137,11 +126,11 @@ def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, Bw, scale, N: tl.constexpr,
         tok = _tokens(win, rows, H, W, WH, WW, SHIFT)
         q, k, v = _load_qkv(qkv_ptr, tok, head, rows, dcols, N, C, D)
         bm = tl.load(bm_ptr + ((win % NW) * heads + head) * BLOCK_N * BLOCK_N + tile)
-        s = _dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32)
+        s = tile_dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32)
         m = tl.reduce(s, 1, maximum)
         p = tl.exp(s - m[:, None])
         denom = tl.reduce(p, 1, add)
-        o = _dot(p.to(v.dtype), v, DOT) / denom[:, None]
+        o = tile_dot(p.to(v.dtype), v, DOT) / denom[:, None]
         tl.store(out_ptr + tok[:, None] * C + head * D + dcols[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=st)
         tl.store(lse_ptr + (win * heads + head) * N + rows, m + tl.log(denom), mask=rmask)
@@ -177,13 +166,13 @@ def _bwd_kernel(dout_ptr, qkv_ptr, out_ptr, lse_ptr, bm_ptr, dqkv_ptr, dbias_ptr
         delta = tl.reduce(do.to(tl.float32) * o.to(tl.float32), 1, add)  # rowsum(dO ∘ O)
         lse = tl.load(lse_ptr + (win * heads + head) * N + rows, mask=rmask, other=0.0)
         bm = tl.load(bm_ptr + ((win % NW) * heads + head) * BLOCK_N * BLOCK_N + tile)
-        p = tl.exp(_dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32) - lse[:, None])
-        dv = _dot(tl.trans(p.to(do.dtype)), do, DOT)
-        ds = p * (_dot(do, tl.trans(v), DOT) - delta[:, None])  # 0 on padded queries, keys
+        p = tl.exp(tile_dot(q, tl.trans(k), DOT) * scale + bm.to(tl.float32) - lse[:, None])
+        dv = tile_dot(tl.trans(p.to(do.dtype)), do, DOT)
+        ds = p * (tile_dot(do, tl.trans(v), DOT) - delta[:, None])  # 0 on padded queries, keys
         dbias += ds
         ds_low = ds.to(q.dtype)
-        dq = _dot(ds_low, k, DOT) * scale
-        dk = _dot(tl.trans(ds_low), q, DOT) * scale
+        dq = tile_dot(ds_low, k, DOT) * scale
+        dk = tile_dot(tl.trans(ds_low), q, DOT) * scale
         grad = dqkv_ptr + tok[:, None] * 3 * C + head * D + dcols[None, :]
         ty = dqkv_ptr.dtype.element_ty
         tl.store(grad, dq.to(ty), mask=ld)

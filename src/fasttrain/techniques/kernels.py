@@ -38,6 +38,11 @@ def triton_unavailable(device: torch.device) -> str | None:
         f"Triton kernels need a CUDA device (or TRITON_INTERPRET=1), not {device.type}"
 
 
+def _attention_name(layer: nn.Module) -> str:
+    """What a layer that replaces SDPA runs instead ("window attention")."""
+    return getattr(layer, "attention_name", f"{layer.fused_kind} attention")
+
+
 def apply(state: TrainState) -> str | None:
     wanted = kernel_families(state.recipe.kernels)
     layers = fused_layers(state.model)
@@ -56,12 +61,12 @@ def apply(state: TrainState) -> str | None:
         done.update(module.use_fused(True))
     if kept:
         state.warn("kernels", f"{', '.join(sorted(kept))}: {no_triton}; plain path kept")
-    replaced = Counter(m.fused_kind for m in layers
+    replaced = Counter((m.fused_kind, _attention_name(m)) for m in layers
                        if getattr(m, "replaces_sdpa", False) and getattr(m, "fused", False))
     if replaced:  # the attention line came from the probe, which ran the plain layers
         state.applied["attention"] = "; ".join(
-            f"the Triton {kind} attention kernel in {n} layers (kernels={kind}); SDPA is not "
-            "called" for kind, n in replaced.items())
+            f"the Triton {name} kernel in {n} layers (kernels={kind}); SDPA is not called"
+            for (kind, name), n in replaced.items())
     if not done:
         if not layers:
             state.warn("kernels", f"{state.workload.name} has no layer with a fused kernel; "

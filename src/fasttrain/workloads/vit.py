@@ -41,16 +41,33 @@ CONFIGS = {
 
 
 class SelfAttention(nn.Module):
+    """Multi-head self-attention. Plain: the qkv projection viewed as (3, B, heads, T, D), SDPA,
+    the heads put back side by side. Fused (``kernels=attention``): ``kernels.seq_attention``,
+    one Triton kernel each way straight from the qkv projection's (B, T, 3·C) output, which
+    writes (B, T, C) and, backward, the qkv gradient in that layout (no permutes, no stack of
+    dq, dk, dv)."""
+
+    fused_kind, fused_triton, replaces_sdpa = "attention", True, True
+    attention_name = "self-attention"
+
     def __init__(self, dim: int, heads: int, batch_second: bool = False):
         super().__init__()
-        self.heads, self.batch_second = heads, batch_second
+        self.heads, self.batch_second, self.fused = heads, batch_second, False
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
+
+    def use_fused(self, on: bool) -> list[str]:
+        self.fused = on
+        return ["self-attention from the qkv projection's layout in one Triton kernel each way"]
 
     def forward(self, x: torch.Tensor, mask: None = None, proj_bias: bool = True
                 ) -> torch.Tensor:
         """``proj_bias=False`` leaves the output projection's bias out, for the caller to add."""
-        if self.batch_second:  # (T, B, C) → heads-major (3, B, H, T, D)
+        if self.fused:  # (B, T, C), or (T, B, C) batch second, in and out
+            from ..kernels.seq_attention import seq_attention
+
+            out = seq_attention(self.qkv(x), self.heads, batch_second=self.batch_second)
+        elif self.batch_second:  # (T, B, C) → heads-major (3, B, H, T, D)
             T, B, C = x.shape
             qkv = self.qkv(x).view(T, B, 3, self.heads, C // self.heads).permute(2, 1, 3, 0, 4)
             out = attention(*qkv.unbind(0))  # (B, H, T, D)
