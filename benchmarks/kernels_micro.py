@@ -360,6 +360,35 @@ def window_rows(env: dict) -> list[dict]:
     return rows
 
 
+def attention_rows(env: dict) -> list[dict]:
+    """ViT's self-attention (kernels=attention): the model's plain path (the qkv projection's
+    output viewed as q, k, v, SDPA, the heads put back side by side), eager and compiled, and
+    the Triton kernels, which read and write the projection's layout; ViT-B/16 and ViT-L/16 at
+    197 tokens, and a 1,024-token case."""
+    from fasttrain.kernels.seq_attention import seq_attention
+
+    def sdpa(qkv, heads):
+        B, T, C3 = qkv.shape
+        q, k, v = qkv.view(B, T, 3, heads, C3 // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return out.transpose(1, 2).reshape(B, T, C3 // 3)
+
+    rows = []
+    for batch, tokens, heads, dim in [(128, 197, 12, 768), (64, 197, 16, 1024),
+                                      (8, 1024, 12, 768)]:
+        qkv = torch.randn(batch, tokens, 3 * dim, device="cuda", dtype=torch.bfloat16,
+                          requires_grad=True)
+        dy = torch.randn(batch, tokens, dim, device="cuda", dtype=torch.bfloat16)
+        flops = 3.5 * 4 * batch * heads * tokens * tokens * (dim // heads)  # fwd 1 + bwd 2.5
+        torch._dynamo.reset()
+        variants = {"eager sdpa (model's plain path)": sdpa, "compiled sdpa": torch.compile(sdpa),
+                    "triton fused": seq_attention}
+        rows += _variant_rows(env, "seq-attention", variants, (qkv,),
+                              {"batch": batch, "tokens": tokens, "heads": heads, "dim": dim},
+                              "bf16", ("tflops", flops), (dy,), extra=(heads,))
+    return rows
+
+
 def groupnorm_rows(env: dict) -> list[dict]:
     """GroupNorm + SiLU at SD's shapes, bf16 channels-last activations, fp32 weights: the frozen
     VAE encoder's (forward only) and the UNet's (forward + backward); compile of the reference
@@ -474,7 +503,7 @@ def _opt_row(env: dict, variant: str, shape: dict, step, gbytes: float) -> dict:
 
 GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows,
           "activations": activation_rows, "rope": rope_rows, "window": window_rows,
-          "optimizer": optimizer_rows, "groupnorm": groupnorm_rows}
+          "optimizer": optimizer_rows, "groupnorm": groupnorm_rows, "attention": attention_rows}
 
 
 def main() -> int:
