@@ -157,6 +157,7 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
             for w in ("vit", "sd", "llama", "swin")}
     assert axes["vit"] == ["graphs", "one-launch optimizer", "bf16 master weights",
+                           "kernels attention",  # self-attention from the qkv projection
                            "kernels patch", "kernels gelu",  # GEMM patches, MLP
                            "kernels layernorm", "autotuned reductions",  # LayerNorm backwards
                            "dependent launch", "combo kernels"]  # how Inductor launches
