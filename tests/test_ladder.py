@@ -289,10 +289,12 @@ def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
                          "fast: compile + one-launch optimizer"]  # interpreted on the CPU
     # what follows builds on whichever of compile / compile + optimizer measured faster (with
     # the optimizer, master weights are tried next)
-    kept = [n.removeprefix("fast: ") for n in names[4:7] if "master weights" not in n][:2]
+    kept = [n.removeprefix("fast: ") for n in names[4:8] if "master weights" not in n][:3]
     for opt in ("", " + one-launch optimizer"):
-        if kept[0] == f"compile{opt} + kernels patch":
-            assert kept[1] in (f"compile{opt} + kernels gelu", f"compile{opt} + kernels gelu,patch")
+        if kept[0] == f"compile{opt} + kernels attention":
+            assert kept[1] in (f"compile{opt} + kernels patch",
+                               f"compile{opt} + kernels attention,patch")
+            assert kept[2].startswith(f"compile{opt} + kernels ") and "gelu" in kept[2]
             break
     else:
         raise AssertionError(names)
