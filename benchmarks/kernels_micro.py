@@ -389,6 +389,31 @@ def attention_rows(env: dict) -> list[dict]:
     return rows
 
 
+def wide_attention_rows(env: dict) -> list[dict]:
+    """The SD VAE's mid-block attention (one head of 512 over 4,096 positions, batch 8, frozen:
+    forward only): SDPA (its memory-efficient kernel; flash and cuDNN take heads up to 256) and
+    the library's GEMM path (fp32 scores), eager and compiled, with each one's largest error
+    against an fp32 SDPA."""
+    from fasttrain.layers.attention import gemm_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(8, 1, 4096, 512, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    flops = 4 * 8 * 4096 * 4096 * 512
+    torch._dynamo.reset()
+    variants = {"sdpa (memory-efficient)": torch.nn.functional.scaled_dot_product_attention,
+                "gemm, fp32 scores": gemm_attention,
+                "compiled gemm, fp32 scores": torch.compile(gemm_attention)}
+    rows = _variant_rows(env, "wide-attention", variants, (q, k, v),
+                         {"batch": 8, "heads": 1, "tokens": 4096, "head_dim": 512},
+                         "bf16", ("tflops", flops))
+    for row, fn in zip(rows, variants.values()):
+        with torch.no_grad():
+            row["max_err_vs_fp32"] = (fn(q, k, v).float() - ref).abs().max().item()
+    return rows
+
+
 def groupnorm_rows(env: dict) -> list[dict]:
     """GroupNorm + SiLU at SD's shapes, bf16 channels-last activations, fp32 weights: the frozen
     VAE encoder's (forward only) and the UNet's (forward + backward); compile of the reference
@@ -503,7 +528,8 @@ def _opt_row(env: dict, variant: str, shape: dict, step, gbytes: float) -> dict:
 
 GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows,
           "activations": activation_rows, "rope": rope_rows, "window": window_rows,
-          "optimizer": optimizer_rows, "groupnorm": groupnorm_rows, "attention": attention_rows}
+          "optimizer": optimizer_rows, "groupnorm": groupnorm_rows, "attention": attention_rows,
+          "wide_attention": wide_attention_rows}
 
 
 def main() -> int:

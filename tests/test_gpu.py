@@ -292,6 +292,58 @@ def test_group_norm_kernel_compiled_on_cuda_matches_the_reference():
                                group_norm_reference(x, w, b, 32, 1e-6, True))
 
 
+def test_group_norm_of_a_bias_add_is_written_once_by_inductor():
+    """GroupNorm of a convolution's output + bias (the VAE's and UNet's ResNet blocks): the
+    sum is a value Inductor has not written yet, and the kernels take it three times (the
+    reduction, the elementwise pass, the first position's values). Inductor must write it once;
+    handed views of it, it wrote one copy per kernel argument (four stores in one kernel)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from fasttrain.kernels.group_norm import group_norm, group_norm_reference
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1).cuda().to(memory_format=torch.channels_last)
+    w, b = torch.randn(64, device="cuda"), torch.randn(64, device="cuda")
+
+    def block(x):
+        with torch.autocast("cuda", torch.bfloat16):
+            return group_norm(conv(x), w, b, 32, 1e-6, True)
+
+    x = torch.randn(2, 64, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        y, code = run_and_get_code(torch.compile(block, fullgraph=True), x)
+        with torch.autocast("cuda", torch.bfloat16):
+            ref = group_norm_reference(conv(x), w, b, 32, 1e-6, True)
+    torch.testing.assert_close(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    numel = x.numel()
+    full = [k for k in re.split(r"@triton\.jit", "\n".join(code))
+            if re.search(rf"xnumel = {numel}\b", k)]
+    assert full, "no elementwise kernel over the activation: the test no longer sees the add"
+    assert max(k.count("tl.store(") for k in full) == 1
+
+
+def test_wide_head_attention_on_cuda_takes_the_gemm_path_and_matches_sdpa(monkeypatch):
+    """One head of 512 (the SD VAE's mid-block) without autograd: the GEMM path runs, eager
+    and compiled, within bf16 rounding of an fp32 SDPA; with autograd, SDPA runs."""
+    from fasttrain.layers import attention as attn
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 1024, 512, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    calls = []
+    gemm = attn.gemm_attention
+    monkeypatch.setattr(attn, "gemm_attention", lambda *a: calls.append(1) or gemm(*a))
+    with torch.no_grad():
+        for fn in (attn.attention, torch.compile(attn.attention)):
+            torch.testing.assert_close(fn(q, k, v).float(), ref, atol=2e-2, rtol=2e-2)
+    assert len(calls) == 2
+    attn.attention(q.requires_grad_(), k, v).float().sum().backward()
+    assert len(calls) == 2 and q.grad is not None
+
+
 def test_pipelined_loops_over_many_tiles_per_program_match_the_reference():
     """The persistent loops with software-pipelined loads (the interpreter ignores num_stages,
     so only a GPU runs them), at shapes where each program walks many tiles: bias + GELU's

@@ -135,3 +135,33 @@ def test_registry():
     assert isinstance(wl, SDWorkload)
     assert (wl.name, wl.unit, wl.conv, wl.has_ema, wl.default_batch) == ("sd", "img", True, True, 2)
     assert load_workload("sd", "base").default_batch == 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemm_attention_matches_sdpa(dtype):
+    """The wide-head path (the VAE's one head of 512): two GEMMs around an fp32 softmax."""
+    from fasttrain.layers.attention import gemm_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 70, 512, dtype=dtype) for _ in range(3))
+    k = k[:, :, :45]
+    v = v[:, :, :45]
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    out = gemm_attention(q, k, v)
+    assert out.dtype == dtype and out.shape == q.shape
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+def test_wide_heads_take_sdpa_with_autograd_or_off_the_gpu(monkeypatch):
+    """The GEMM path is for frozen encoders on a GPU: with autograd, or on the CPU, SDPA runs."""
+    from fasttrain.layers import attention as attn
+
+    calls = []
+    monkeypatch.setattr(attn, "gemm_attention", lambda *a: calls.append(a) or a[0])
+    q = torch.randn(1, 1, 8, 512, dtype=torch.bfloat16, requires_grad=True)
+    attn.attention(q, q, q)
+    with torch.no_grad():
+        attn.attention(q, q, q)  # CPU
+    assert calls == []
+    assert not attn._wide_inference(torch.randn(1, 1, 8, 256, dtype=torch.bfloat16), q, q)

@@ -35,6 +35,7 @@ KERNEL_OPS = {
     "aten::_scaled_dot_product_cudnn_attention": "cudnn",
     "aten::_scaled_dot_product_attention_math": "math",
     "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
+    "fasttrain::gemm_attention": "gemm (heads over 256, no autograd)",  # layers.attention
 }
 
 
