@@ -165,3 +165,16 @@ def test_wide_heads_take_sdpa_with_autograd_or_off_the_gpu(monkeypatch):
         attn.attention(q, q, q)  # CPU
     assert calls == []
     assert not attn._wide_inference(torch.randn(1, 1, 8, 256, dtype=torch.bfloat16), q, q)
+
+
+def test_flop_counter_counts_bmm_with_an_output_dtype():
+    """The GEMM attention's fp32-output bmm is counted (torch's own formula raises on it)."""
+    from fasttrain.flops import flop_counter
+
+    a = torch.empty(2, 5, 8, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(2, 8, 6, dtype=torch.bfloat16, device="meta")
+    counter = flop_counter()
+    with counter:
+        torch.bmm(a, b, out_dtype=torch.float32)
+        torch.bmm(a, b)
+    assert counter.get_total_flops() == 2 * (2 * 2 * 5 * 8 * 6)

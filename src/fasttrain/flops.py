@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 
 @contextlib.contextmanager
 def gqa_flop_formulas():
@@ -28,3 +30,15 @@ def gqa_flop_formulas():
     finally:
         if needed:
             fc.sdpa_flop_count, fc.sdpa_backward_flop_count = fwd, bwd
+
+
+def flop_counter():
+    """``FlopCounterMode(display=False)`` that also counts ``bmm`` with an ``out_dtype`` (16-bit
+    inputs, fp32 output: ``layers.attention.gemm_attention``): torch's formula for ``bmm`` takes
+    the dtype for the output's shape and raises (torch 2.11 to 2.13)."""
+    from torch.utils import flop_counter as fc
+
+    def bmm(a_shape, b_shape, *_dtype, out_shape=None, **kwargs):
+        return fc.bmm_flop(a_shape, b_shape)
+
+    return fc.FlopCounterMode(display=False, custom_mapping={torch.ops.aten.bmm: bmm})

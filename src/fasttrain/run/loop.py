@@ -16,11 +16,10 @@ from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..env import device_peak
 from ..errors import FasttrainError
-from ..flops import gqa_flop_formulas
+from ..flops import flop_counter, gqa_flop_formulas
 from ..recipe import Recipe
 from ..techniques import TrainState, apply_all, unmet_requirements
 from ..distributed import env as dist_env
@@ -86,7 +85,7 @@ def _seed(seed: int) -> None:
 
 def _probe_step(state: TrainState, batch: Batch, count: int, count_flops: bool):
     reasons = attn.FallbackReasons(state.recipe.attention)
-    flops = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
+    flops = flop_counter() if count_flops else contextlib.nullcontext()
     try:
         with gqa_flop_formulas(), flops, profile(activities=[ProfilerActivity.CPU]) as prof:
             with reasons, state.step_context():
