@@ -32,7 +32,8 @@ from fasttrain.run.data import make_loader, to_device
 from fasttrain.workloads.sd import normalize_sd_images
 
 out = os.environ.get("OUT", "/tmp")
-rec = tomllib.load(open("benchmarks/results/presets/sd-base-master-weights.toml", "rb"))["recipe"]
+with open("benchmarks/results/presets/sd-base-master-weights.toml", "rb") as f:
+    rec = tomllib.load(f)["recipe"]
 rec["cuda_graphs"] = False  # the probe captures its own graphs
 recipe = Recipe(**rec)
 wl = load_workload("sd", size=os.environ.get("SIZE", "base"), seed=0)
@@ -125,7 +126,7 @@ def run_variant(name, prio=0):
     ms = [a.elapsed_time(b) for a, b in times][5:]
     row = {"kind": "overlap-probe", "variant": name + (" (high priority)" if prio else ""),
            "ms_median": statistics.median(ms), "ms_min": min(ms), "ms_max": max(ms),
-           "img_per_s": 8 / statistics.median(ms) * 1000,
+           "img_per_s": state.micro_batch / statistics.median(ms) * 1000,
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "env": ENV}
     print(json.dumps(row), flush=True)
     with open(f"{out}/overlap-probe.jsonl", "a") as f:
@@ -134,9 +135,7 @@ def run_variant(name, prio=0):
     torch.cuda.synchronize(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
 
 
-lo, hi = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else (0, -1)
-hi = torch.cuda.Stream.priority_range()[1] if hasattr(torch.cuda.Stream, "priority_range") else -1
-print("priority range", torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else None)
+hi = torch.cuda.Stream.priority_range()[1]  # the highest priority (a negative number)
 for name, prio in [("seq", 0), ("after-backward", 0), ("after-backward-hi", hi),
                    ("after-forward", 0), ("start", 0), ("seq", 0), ("after-backward", 0)]:
     t1 = time.time()

@@ -79,6 +79,18 @@ def test_group_norm_other_layouts_are_copied_and_without_affine():
     _compare((2, 12, 4, 5), 4, torch.float32, False, affine=False)
 
 
+def test_group_norm_reads_positions_by_the_view_strides_when_a_spatial_dim_is_one():
+    """(N, C, H, 1) from a permute + unsqueeze: PyTorch calls it channels-last without a copy,
+    but its last dim's stride (1) is not the distance between positions (C)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 8, generator=g).permute(0, 2, 1).unsqueeze(-1)  # (2, 8, 5, 1)
+    assert x.is_contiguous(memory_format=torch.channels_last) and x.stride(-1) == 1
+    w, b = torch.randn(8, generator=g), torch.randn(8, generator=g)
+    torch.testing.assert_close(group_norm(x, w, b, 4, 1e-5, True),
+                               group_norm_reference(x, w, b, 4, 1e-5, True),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_group_norm_keeps_the_variance_under_a_large_mean():
     # mean 1000, std 2: E[x²] − E[x]² in fp32 would lose the variance (off by ~0.1); the
     # pivot keeps the error at x's own rounding (fp32 steps of 6e-5 at 1000, over std 2)

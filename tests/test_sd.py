@@ -153,18 +153,30 @@ def test_gemm_attention_matches_sdpa(dtype):
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
 
 
-def test_wide_heads_take_sdpa_with_autograd_or_off_the_gpu(monkeypatch):
-    """The GEMM path is for frozen encoders on a GPU: with autograd, or on the CPU, SDPA runs."""
-    from fasttrain.layers import attention as attn
+def test_wide_heads_take_the_gemm_path_only_for_frozen_16_bit_gpu_inputs():
+    """The GEMM path is for frozen encoders on a GPU (fake CUDA tensors here): not with autograd,
+    not on the CPU, not for heads SDPA's fused kernels take, not past the scores' memory cap."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    calls = []
-    monkeypatch.setattr(attn, "gemm_attention", lambda *a: calls.append(a) or a[0])
-    q = torch.randn(1, 1, 8, 512, dtype=torch.bfloat16, requires_grad=True)
-    attn.attention(q, q, q)
-    with torch.no_grad():
-        attn.attention(q, q, q)  # CPU
-    assert calls == []
-    assert not attn._wide_inference(torch.randn(1, 1, 8, 256, dtype=torch.bfloat16), q, q)
+    from fasttrain.layers.attention import SCORES_MAX_BYTES, _wide_inference
+
+    def qkv(d=512, t=64, device="cuda", dtype=torch.bfloat16):
+        return [torch.empty(2, 1, t, d, device=device, dtype=dtype) for _ in range(3)]
+
+    with FakeTensorMode():
+        assert _wide_inference(*qkv())
+        with torch.no_grad():
+            q, k, v = qkv()
+            assert _wide_inference(q.requires_grad_(), k, v)
+        q, k, v = qkv()
+        assert not _wide_inference(q.requires_grad_(), k, v)  # autograd: SDPA
+        assert not _wide_inference(*qkv(d=256))
+        assert not _wide_inference(*qkv(device="cpu"))
+        assert not _wide_inference(*qkv(dtype=torch.float32))
+        t = int((SCORES_MAX_BYTES // 8) ** 0.5) + 1  # 2 × t × t × 4 bytes over the cap
+        assert not _wide_inference(*qkv(t=t))
+        three_d = [torch.empty(2, 64, 512, device="cuda", dtype=torch.bfloat16)] * 3
+        assert not _wide_inference(*three_d)  # not (B, heads, T, D)
 
 
 def test_flop_counter_counts_bmm_with_an_output_dtype():

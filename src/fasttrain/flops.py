@@ -35,7 +35,7 @@ def gqa_flop_formulas():
 def flop_counter():
     """``FlopCounterMode(display=False)`` that also counts ``bmm`` with an ``out_dtype`` (16-bit
     inputs, fp32 output: ``layers.attention.gemm_attention``): torch's formula for ``bmm`` takes
-    the dtype for the output's shape and raises (torch 2.11 to 2.13)."""
+    the dtype for the output's shape and raises (torch 2.11 on the H200, 2.13 here)."""
     from torch.utils import flop_counter as fc
 
     def bmm(a_shape, b_shape, *_dtype, out_shape=None, **kwargs):

@@ -167,15 +167,17 @@ def _shape(t: torch.Tensor) -> tuple[int, int, int, int, int, int]:
     of it for every kernel argument that view is (four stores in one kernel at the VAE's
     512-px stage, 0.68 ms: profile-sd-base-20261122-035033); see ``_realized``."""
     N, C = t.shape[:2]
-    return N, math.prod(t.shape[2:]), C, t.stride(0), t.stride(-1), t.stride(1)
+    L = math.prod(t.shape[2:])
+    # the strides of the (N, L, C) view (never passed on), not t's own: a size-1 spatial dim's
+    # stride is arbitrary in a tensor PyTorch still calls contiguous
+    return (N, L, C, *t.movedim(1, -1).view(N, L, C).stride())
 
 
 def _realized(t: torch.Tensor) -> torch.Tensor:
-    """t, which the caller gives the strides the kernels read it with. Traced by Inductor, t
-    becomes one buffer here: a value it has not written yet (a convolution's bias add, a
-    residual sum) is written once, where otherwise every kernel taking it gets a copy of its
-    own (Inductor fixes a user kernel's arguments to their traced strides one launch at a time).
-    Eager, t itself."""
+    """t as one buffer with its own strides under torch.compile; t itself in eager. Traced by
+    Inductor, a value it has not written yet (a convolution's bias add, a residual sum) is then
+    written once, where otherwise every kernel taking it gets a copy of its own (Inductor fixes
+    a user kernel's arguments to their traced strides one launch at a time)."""
     if not (torch.compiler.is_compiling() or isinstance(t, (FakeTensor, FunctionalTensor))):
         return t
     from torch._inductor import inductor_prims  # noqa: F401  (registers the prim)

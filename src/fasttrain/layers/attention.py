@@ -9,10 +9,11 @@ flash or cuDNN kernel, and SDPA runs its memory-efficient kernel at ~140 TFLOP/s
 batch 8). Without autograd (a frozen encoder) on a GPU, such attention is computed as SDPA's math
 kernel computes it, as two GEMMs around a softmax, with the scores accumulated and kept in fp32
 and the probabilities rounded to the inputs' dtype before the second GEMM (as the fused kernels
-do): 0.73 ms compiled at the VAE's shape, with the same largest error against an fp32 SDPA as
-the memory-efficient kernel (6.0e-4 against 5.5e-4;
+do): 0.73 ms compiled at the VAE's shape, with a largest error against an fp32 SDPA comparable
+to the memory-efficient kernel's (6.0e-4 against 5.5e-4;
 ``benchmarks/results/kernels-micro-wide-attention-20261122-0445.jsonl``). The fp32 scores take
-B·heads·Tq·Tk·4 bytes (0.5 GiB for the VAE at 512 px); above 1 GiB, SDPA runs instead.
+B·heads·Tq·Tk·4 bytes (0.5 GiB for the VAE at 512 px; the softmax's output is a second such
+buffer); above 1 GiB of scores, SDPA runs instead.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _wide_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Heads SDPA has no fused kernel for, on a GPU, in 16-bit, without autograd, within the
     scores' memory cap."""
+    if q.dim() != 4:
+        return False
     B, H, Tq, D = q.shape
     return (D > FUSED_MAX_HEAD_DIM and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
             and k.shape == v.shape == (B, H, k.shape[2], D)
@@ -56,5 +59,5 @@ def gemm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
         scores = torch.bmm(q3, k3.transpose(1, 2), out_dtype=torch.float32)
     else:
         scores = torch.bmm(q3.float(), k3.float().transpose(1, 2))
-    probs = torch.softmax(scores * D ** -0.5, dim=-1).to(v.dtype)
+    probs = scores.mul_(D ** -0.5).softmax(dim=-1).to(v.dtype)  # two fp32 buffers at a time
     return torch.bmm(probs, v3).view(B, H, Tq, D)
