@@ -22,14 +22,12 @@ import time
 import tomllib
 
 import torch
-import torch.nn.functional as F
 
 from fasttrain.env import environment
 from fasttrain.recipe import Recipe
 from fasttrain.workloads import load_workload
 from fasttrain.run.loop import prepare
 from fasttrain.run.data import make_loader, to_device
-from fasttrain.workloads.sd import normalize_sd_images
 
 out = os.environ.get("OUT", "/tmp")
 with open("benchmarks/results/presets/sd-base-master-weights.toml", "rb") as f:
@@ -47,15 +45,12 @@ loader = iter(make_loader(wl, state.micro_batch, 0, dataset=dataset, collate=sta
                           **state.loader_kwargs))
 batches = [to_device(next(loader), dev, False) for _ in range(4)]
 count = wl.count(batches[0])
-fmt = torch.channels_last
 ENV = environment(dev)
 
 
 def encode(b, dst=None):
-    with state.step_context(), torch.no_grad():
-        x = normalize_sd_images(b["images"], m.vae_encoder.conv_in.weight.dtype, True)
-        lat = m.vae_encoder(x, b["posterior_noise"]).contiguous(memory_format=fmt)
-        ctx = m.text_encoder(b["input_ids"])
+    with state.step_context():
+        lat, ctx = m.encode(b["images"], b["input_ids"], b["posterior_noise"])
     if dst is None:
         return {"latents": lat, "context": ctx}
     dst["latents"].copy_(lat); dst["context"].copy_(ctx)
@@ -64,12 +59,7 @@ def encode(b, dst=None):
 
 def unet_loss(enc, b):
     with state.step_context():
-        lat = enc["latents"]
-        noise = b["noise"].to(lat.dtype)
-        noisy = m.schedule.add_noise(lat, noise, b["timesteps"]).contiguous(memory_format=fmt)
-        pred = m.unet(noisy, b["timesteps"], enc["context"])
-        per = F.mse_loss(pred.float(), noise.float(), reduction="none").mean(dim=(1, 2, 3))
-        return per.sum() / count
+        return m.denoise(enc["latents"], enc["context"], b["noise"], b["timesteps"]) / count
 
 
 def run_variant(name, prio=0):

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.library import custom_op, triton_op, wrap_triton
 from triton.runtime.jit import JITFunction
 
@@ -77,6 +78,19 @@ def output_grad(saved: torch.Tensor, dy: torch.Tensor | None) -> torch.Tensor:
     """An output's gradient as a kernel reads it: contiguous (autograd may hand in an expanded
     one), zeros like ``saved`` where autograd hands in none."""
     return torch.zeros_like(saved) if dy is None else dy.contiguous()
+
+
+def realized(t: torch.Tensor) -> torch.Tensor:
+    """An op's input that more than one of its kernels reads, as one buffer with its own strides
+    under torch.compile; t itself in eager. Inductor fixes a user kernel's arguments to their
+    traced strides one launch at a time, so a value it has not written yet (a convolution's bias
+    add, a residual sum) would be written once for every kernel, and every argument, taking it;
+    its ``force_stride_order`` prim writes it once, before the launches."""
+    if not (torch.compiler.is_compiling() or isinstance(t, (FakeTensor, FunctionalTensor))):
+        return t
+    from torch._inductor import inductor_prims  # noqa: F401  (registers the prim)
+
+    return torch.ops.prims.inductor_force_stride_order(t, t.stride())
 
 
 def runs_on(t: torch.Tensor) -> bool:

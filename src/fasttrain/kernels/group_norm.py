@@ -40,10 +40,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
 
-from ._triton import launch, op, programs_cap, sum0
+from ._triton import launch, op, programs_cap, realized, sum0
 
 __all__ = ["group_norm", "group_norm_reference"]
 
@@ -160,29 +158,17 @@ def _apply_kernel(x_ptr, dy_ptr, mu_ptr, a_ptr, b_ptr, p_ptr, q_ptr, k_ptr, out_
 def _shape(t: torch.Tensor) -> tuple[int, int, int, int, int, int]:
     """(N, L, C, sN, sL, sC) of (N, C, *spatial) read as (N, positions, C): the caller makes t
     contiguous in one of the layouts whose spatial dims collapse into one (channels-last or
-    contiguous), where a position's stride is the last spatial dim's.
+    contiguous); the strides are those of that (N, L, C) view.
 
     The kernels take t itself, never a view of it: handed a view of a value Inductor has not
     written to memory yet (a convolution's bias add, a residual sum), Inductor writes one copy
     of it for every kernel argument that view is (four stores in one kernel at the VAE's
-    512-px stage, 0.68 ms: profile-sd-base-20261122-035033); see ``_realized``."""
+    512-px stage, 0.68 ms: profile-sd-base-20261122-035033); see ``_triton.realized``."""
     N, C = t.shape[:2]
     L = math.prod(t.shape[2:])
-    # the strides of the (N, L, C) view (never passed on), not t's own: a size-1 spatial dim's
-    # stride is arbitrary in a tensor PyTorch still calls contiguous
+    # the view's strides, not t's own: a size-1 spatial dim's stride is arbitrary in a tensor
+    # PyTorch still calls contiguous; the view itself is never passed on
     return (N, L, C, *t.movedim(1, -1).view(N, L, C).stride())
-
-
-def _realized(t: torch.Tensor) -> torch.Tensor:
-    """t as one buffer with its own strides under torch.compile; t itself in eager. Traced by
-    Inductor, a value it has not written yet (a convolution's bias add, a residual sum) is then
-    written once, where otherwise every kernel taking it gets a copy of its own (Inductor fixes
-    a user kernel's arguments to their traced strides one launch at a time)."""
-    if not (torch.compiler.is_compiling() or isinstance(t, (FakeTensor, FunctionalTensor))):
-        return t
-    from torch._inductor import inductor_prims  # noqa: F401  (registers the prim)
-
-    return torch.ops.prims.inductor_force_stride_order(t, t.stride())
 
 
 def _channel_block(C: int) -> int:
@@ -267,7 +253,7 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int,
     if x.numel() == 0:
         stats = torch.zeros((N, groups), device=x.device, dtype=torch.float32)
         return torch.empty_like(x), stats, stats.clone()
-    x = _realized(x.contiguous(memory_format=_layout(x)))
+    x = realized(x.contiguous(memory_format=_layout(x)))
     L = x.numel() // (N * C)
     s1, s2 = _sums(x, None, (), silu)
     ch_mean = x.reshape(N, C, -1)[:, :, 0].float() + s1 / L  # sums about position 0's values
@@ -288,10 +274,10 @@ def _bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     N, C = x.shape[:2]
     if x.numel() == 0:
         return torch.empty_like(x), torch.zeros_like(weight), torch.zeros_like(bias)
-    x = _realized(x.contiguous(memory_format=_layout(x)))
+    x = realized(x.contiguous(memory_format=_layout(x)))
     if dy.stride() != x.stride():
         dy = torch.empty_strided(x.size(), x.stride(), device=x.device, dtype=dy.dtype).copy_(dy)
-    dy = _realized(dy)
+    dy = realized(dy)
     L = x.numel() // (N * C)
     mu, r, a, b = _affine(mean, rstd, weight, bias)
     t1, t2 = _sums(x, dy, (mu, a, b, r), silu)  # Σ dz and Σ dz·x̂ per (sample, channel)

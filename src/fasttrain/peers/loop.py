@@ -109,12 +109,10 @@ def autocast(recipe: PeerRecipe, device: torch.device):
 
 def count_flops(spec: PeerSpec, recipe: PeerRecipe, device: torch.device) -> int:
     """FLOPs of one forward+backward of the eager model (one extra, untimed step; grads zeroed)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     try:
-        from ..flops import gqa_flop_formulas
+        from ..flops import flop_counter, gqa_flop_formulas
 
-        with gqa_flop_formulas(), FlopCounterMode(display=False) as counter:
+        with gqa_flop_formulas(), flop_counter() as counter:
             with autocast(recipe, device):
                 loss = spec.loss(spec.modules)
             loss.backward()

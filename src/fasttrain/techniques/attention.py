@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
+from ..layers.attention import GEMM_EVENT
 from .base import Technique, TrainState
 
 BACKENDS = {
@@ -35,7 +36,7 @@ KERNEL_OPS = {
     "aten::_scaled_dot_product_cudnn_attention": "cudnn",
     "aten::_scaled_dot_product_attention_math": "math",
     "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
-    "fasttrain::gemm_attention": "gemm (heads over 256, no autograd)",  # layers.attention
+    GEMM_EVENT: "gemm (heads over 256, no autograd)",  # layers.attention
 }
 
 

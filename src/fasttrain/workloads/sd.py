@@ -110,15 +110,26 @@ class SDTrainStep(nn.Module):
     def forward(self, images: torch.Tensor, input_ids: torch.Tensor, noise: torch.Tensor,
                 timesteps: torch.Tensor,
                 posterior_noise: torch.Tensor | None = None) -> torch.Tensor:
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        with torch.no_grad():
-            x = normalize_sd_images(images, self.vae_encoder.conv_in.weight.dtype,
-                                    self.channels_last)
-            latents = self.vae_encoder(x, posterior_noise).contiguous(memory_format=fmt)
-            context = self.text_encoder(input_ids)
+        latents, context = self.encode(images, input_ids, posterior_noise)
+        return self.denoise(latents, context, noise, timesteps)
+
+    def _format(self) -> torch.memory_format:
+        return torch.channels_last if self.channels_last else torch.contiguous_format
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor, input_ids: torch.Tensor,
+               posterior_noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frozen half: (latents, caption embedding)."""
+        x = normalize_sd_images(images, self.vae_encoder.conv_in.weight.dtype, self.channels_last)
+        latents = self.vae_encoder(x, posterior_noise).contiguous(memory_format=self._format())
+        return latents, self.text_encoder(input_ids)
+
+    def denoise(self, latents: torch.Tensor, context: torch.Tensor, noise: torch.Tensor,
+                timesteps: torch.Tensor) -> torch.Tensor:
+        """The trained half: the UNet's noise prediction and the loss summed over the batch."""
         noise = noise.to(latents.dtype)
-        noisy = self.schedule.add_noise(latents, noise, timesteps).contiguous(memory_format=fmt)
-        pred = self.unet(noisy, timesteps, context)  # epsilon prediction
+        noisy = self.schedule.add_noise(latents, noise, timesteps)
+        pred = self.unet(noisy.contiguous(memory_format=self._format()), timesteps, context)
         per_image = F.mse_loss(pred.float(), noise.float(), reduction="none").mean(dim=(1, 2, 3))
         return per_image.sum()
 
