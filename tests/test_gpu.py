@@ -324,6 +324,38 @@ def test_group_norm_of_a_bias_add_is_written_once_by_inductor():
     assert full[0].count("tl.store(") == 1
 
 
+def test_frozen_resnet_block_with_group_norm_kernels_writes_its_input_once():
+    """A VAE ResNet block (frozen, bf16, channels-last) with the GroupNorm kernels, compiled,
+    its input a sum Inductor has not written yet (a previous block's output): the sum is
+    written once, and the block's output kernel reads it back (with conv2's output and bias)
+    rather than recomputing it from its two terms; conv1's bias goes into norm2's kernels, so
+    no kernel writes conv1 + bias. Two elementwise kernels over the block's size in all."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from fasttrain.workloads.sd_unet import ResnetBlock
+
+    torch.manual_seed(0)
+    blk = ResnetBlock(64, 64, None, 1e-6).cuda().to(torch.bfloat16).requires_grad_(False)
+    blk = blk.to(memory_format=torch.channels_last)
+    a, b = (torch.randn(2, 64, 32, 32, device="cuda", dtype=torch.bfloat16)
+            .contiguous(memory_format=torch.channels_last) for _ in range(2))
+    with torch.no_grad():
+        ref = blk(a + b)
+        for m in (blk.norm1, blk.norm2):
+            m.use_fused(True)
+        y, code = run_and_get_code(torch.compile(lambda s, t: blk(s + t), fullgraph=True), a, b)
+    torch.testing.assert_close(y.float(), ref.float(), atol=3e-2, rtol=3e-2)
+    full = [k for k in re.split(r"@triton\.jit", "\n".join(code))
+            if re.search(rf"xnumel = {y.numel()}\b", k)]
+    assert len(full) == 2, f"{len(full)} elementwise kernels over the block's size"
+    assert all(k.count("tl.store(") == 1 for k in full)
+    inputs = sorted(len(set(re.findall(r"\bin_ptr\d+\b", k.split(":", 1)[0]))) for k in full)
+    assert inputs == [2, 3], f"kernel inputs {inputs}: the sum's two terms, then the output's "\
+        "sum, conv2 and its bias"
+
+
 def test_wide_head_attention_on_cuda_takes_the_gemm_path_and_matches_sdpa(monkeypatch):
     """One head of 512 (the SD VAE's mid-block) without autograd: the GEMM path runs, eager
     and compiled, within bf16 rounding of an fp32 SDPA; with autograd, SDPA runs."""

@@ -91,6 +91,36 @@ def test_group_norm_reads_positions_by_the_view_strides_when_a_spatial_dim_is_on
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("per_sample", [False, True], ids=["per-channel", "per-sample"])
+def test_group_norm_of_x_plus_a_bias_matches_reference_output_and_all_gradients(per_sample,
+                                                                                 dtype):
+    """x_bias (a convolution's bias, plus a time embedding per sample) is added in fp32 inside
+    the kernels: output and the gradients of x, weight, bias and x_bias as the reference's of
+    x + x_bias. A large shift checks that it moves the means, not the variance."""
+    N, C = 3, 40
+    x, w, b, dy = _inputs((N, C, 6, 5), 8, dtype, layout="channels_last")
+    g = torch.Generator().manual_seed(1)
+    xb = 50 + 3 * torch.randn((N, C) if per_sample else (C,), generator=g)
+
+    def run(fn, upcast):
+        cast = (lambda t: t.double()) if upcast else (lambda t: t)
+        leaves = [cast(t.detach()).clone().requires_grad_() for t in (x, w, b, xb)]
+        out = fn(*leaves[:3], 8, 1e-5, True, x_bias=leaves[3])
+        out.backward(cast(dy))
+        return out, [t.grad for t in leaves]
+
+    out, grads = run(group_norm, False)
+    ref, ref_grads = run(group_norm_reference, True)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.double(), ref, **tol)
+    for name, got, want, leaf in zip("x w b x_bias".split(), grads, ref_grads, (x, w, b, xb)):
+        assert got.dtype == leaf.dtype and got.shape == leaf.shape, name
+        scale = max(1.0, want.abs().max().item())
+        torch.testing.assert_close(got.double() / scale, want / scale, **tol,
+                                   msg=lambda m: f"grad of {name}: {m}")
+
+
 def test_group_norm_keeps_the_variance_under_a_large_mean():
     # mean 1000, std 2: E[x²] − E[x]² in fp32 would lose the variance (off by ~0.1); the
     # pivot keeps the error at x's own rounding (fp32 steps of 6e-5 at 1000, over std 2)
@@ -151,6 +181,8 @@ def test_group_norm_empty_batch():
     (lambda: group_norm(torch.randn(2, 6, 3), None, None, 4), "6 channels do not split"),
     (lambda: group_norm(torch.randn(2, 6, 3), torch.ones(5), None, 3), "weight must be a"),
     (lambda: group_norm(torch.randn(2, 6, 3), None, torch.ones(6).long(), 3), "bias must be a"),
+    (lambda: group_norm(torch.randn(2, 6, 3), None, None, 3, x_bias=torch.ones(3, 6)),
+     "x_bias must be a"),
 ])
 def test_group_norm_rejects_bad_input_in_one_line(call, message):
     with pytest.raises(ValueError, match=message) as err:

@@ -190,3 +190,13 @@ def test_flop_counter_counts_bmm_with_an_output_dtype():
         torch.bmm(a, b, out_dtype=torch.float32)
         torch.bmm(a, b)
     assert counter.get_total_flops() == 2 * (2 * 2 * 5 * 8 * 6)
+
+
+def test_regional_blocks_are_the_whole_vae_encoder_then_the_repeated_blocks():
+    wl = make("tiny")
+    model = wl.build_model()
+    blocks = wl.regional_blocks(model)
+    assert blocks[0] is model.vae_encoder
+    inside = set(model.vae_encoder.modules())
+    assert not any(b in inside for b in blocks[1:])
+    assert set(blocks[1:]) >= set(model.text_encoder.layers) | set(model.unet.down_blocks)

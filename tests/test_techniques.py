@@ -309,6 +309,14 @@ def test_group_norm_kernels_keep_the_sd_losses_and_say_what_they_fused():
     assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
     assert "GroupNorm + SiLU in Triton (two passes each way) ×" in fused.applied["kernels"]
     assert "GroupNorm in Triton (two passes each way) ×" in fused.applied["kernels"]
+    # ResNet blocks hand conv1's bias (and the time embedding, in the UNet) to norm2's kernels
+    assert ("GroupNorm + SiLU in Triton (two passes each way), the convolution's bias and time "
+            "embedding added in its kernels ×") in fused.applied["kernels"]
+    assert ("GroupNorm + SiLU in Triton (two passes each way), the convolution's bias added in "
+            "its kernels ×") in fused.applied["kernels"]
+    # the VAE's RGB input and the UNet's 4 latent channels padded for NHWC kernels
+    assert "input channels 3 → 8 (zeros) for 1 Conv2d" in fused.applied["channels_last"]
+    assert "input channels 4 → 8 (zeros) for 1 Conv2d" in fused.applied["channels_last"]
     assert not fused.warnings
 
 

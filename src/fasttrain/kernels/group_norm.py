@@ -234,11 +234,16 @@ def _to_channels(t: torch.Tensor, C: int) -> torch.Tensor:
     return t.repeat_interleave(C // t.shape[1], dim=1)
 
 
-def _affine(mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+def _affine(mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+            shift: Optional[torch.Tensor] = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per (sample, channel) fp32: μ, rstd, a = rstd·w and b = bias, so z = (x − μ)·a + b."""
+    """Per (sample, channel) fp32: μ, rstd, a = rstd·w and b = bias, so z = (x − μ)·a + b.
+    With an (N, C) ``shift`` of x (its x_bias), μ is the group mean less the shift: the kernels
+    read x and normalize x + shift without adding it."""
     C = weight.shape[0]
     mu, r = _to_channels(mean, C), _to_channels(rstd, C)
+    if shift is not None:
+        mu = mu - shift
     a = r * weight.float()
     b = bias.float().expand_as(a).contiguous()
     return mu, r, a, b
@@ -246,8 +251,14 @@ def _affine(mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor, bias: 
 
 # ----------------------------------------------------------------------------- custom ops
 
+def _shift(x_bias: Optional[torch.Tensor], N: int, C: int) -> Optional[torch.Tensor]:
+    """x_bias as an (N, C) fp32 shift of every channel's values, or None."""
+    return None if x_bias is None else x_bias.float().expand(N, C)
+
+
 @op("fasttrain::group_norm_fwd")
-def _fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int, eps: float,
+def _fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+         x_bias: Optional[torch.Tensor], groups: int, eps: float,
          silu: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     N, C = x.shape[:2]
     if x.numel() == 0:
@@ -257,20 +268,23 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int,
     L = x.numel() // (N * C)
     s1, s2 = _sums(x, None, (), silu)
     ch_mean = x.reshape(N, C, -1)[:, :, 0].float() + s1 / L  # sums about position 0's values
+    shift = _shift(x_bias, N, C)
+    if shift is not None:  # a channel's shift moves its mean, not its squared deviations
+        ch_mean = ch_mean + shift
     ch_m2 = s2 - s1 * s1 / L
     # Chan's formula: the group's squared deviations are its channels' own plus their means'
     mean = _per_group(ch_mean, groups).mean(-1)
     m2 = _per_group(ch_m2, groups).sum(-1) + \
         L * ((_per_group(ch_mean, groups) - mean[..., None]) ** 2).sum(-1)
     rstd = torch.rsqrt((m2 / (L * (C // groups))).clamp_min(0) + eps)
-    mu, _, a, b = _affine(mean, rstd, weight, bias)
+    mu, _, a, b = _affine(mean, rstd, weight, bias, shift)
     return _apply(x, None, (mu, a, b), silu), mean, rstd
 
 
 @op("fasttrain::group_norm_bwd")
 def _bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-         mean: torch.Tensor, rstd: torch.Tensor, groups: int, silu: bool
-         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         x_bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor, groups: int,
+         silu: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     N, C = x.shape[:2]
     if x.numel() == 0:
         return torch.empty_like(x), torch.zeros_like(weight), torch.zeros_like(bias)
@@ -279,7 +293,7 @@ def _bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         dy = torch.empty_strided(x.size(), x.stride(), device=x.device, dtype=dy.dtype).copy_(dy)
     dy = realized(dy)
     L = x.numel() // (N * C)
-    mu, r, a, b = _affine(mean, rstd, weight, bias)
+    mu, r, a, b = _affine(mean, rstd, weight, bias, _shift(x_bias, N, C))
     t1, t2 = _sums(x, dy, (mu, a, b, r), silu)  # Σ dz and Σ dz·x̂ per (sample, channel)
     w = weight.float()
     m = L * (C // groups)
@@ -291,17 +305,21 @@ def _bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
 
 
 def _setup(ctx, inputs, output) -> None:
-    x, weight, bias, groups, _eps, silu = inputs
+    x, weight, bias, x_bias, groups, _eps, silu = inputs
     ctx.groups, ctx.silu = groups, silu
-    ctx.save_for_backward(x, weight, bias, output[1], output[2])
+    ctx.save_for_backward(x, weight, bias, x_bias, output[1], output[2])
 
 
 def _backward(ctx, dy, _dmean, _drstd):
-    x, weight, bias, mean, rstd = ctx.saved_tensors
+    x, weight, bias, x_bias, mean, rstd = ctx.saved_tensors
     dy = torch.zeros_like(x) if dy is None else dy  # the op gives it x's strides
-    dx, dw, db = torch.ops.fasttrain.group_norm_bwd(dy, x, weight, bias, mean, rstd,
+    dx, dw, db = torch.ops.fasttrain.group_norm_bwd(dy, x, weight, bias, x_bias, mean, rstd,
                                                     ctx.groups, ctx.silu)
-    return dx, dw.to(weight.dtype), db.to(bias.dtype), None, None, None
+    dxb = None
+    if x_bias is not None and ctx.needs_input_grad[3]:  # x_bias was added to every position
+        dxb = dx.sum(dim=tuple(range(2, dx.dim())), dtype=torch.float32)
+        dxb = (dxb.sum(0) if x_bias.dim() == 1 else dxb).to(x_bias.dtype)
+    return dx, dw.to(weight.dtype), db.to(bias.dtype), dxb, None, None, None
 
 
 _fwd.register_autograd(_backward, setup_context=_setup)
@@ -319,12 +337,12 @@ def _layout(x: torch.Tensor) -> torch.memory_format:
 
 
 def _check(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-           groups: int) -> None:
+           groups: int, x_bias: Optional[torch.Tensor] = None) -> None:
     if x.dtype not in _DTYPES:
         raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
     if x.dim() < 2:
         raise ValueError(f"x must be (batch, channels, *spatial), got shape {tuple(x.shape)}")
-    C = x.shape[1]
+    N, C = x.shape[:2]
     if groups < 1 or C % groups:
         raise ValueError(f"{C} channels do not split into {groups} groups")
     for name, p in (("weight", weight), ("bias", bias)):
@@ -332,29 +350,40 @@ def _check(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch
                               or p.device != x.device):
             raise ValueError(f"{name} must be a ({C},) float tensor on {x.device}, got "
                              f"{tuple(p.shape)} {p.dtype} on {p.device}")
+    if x_bias is not None and (x_bias.shape not in ((C,), (N, C)) or x_bias.dtype not in _DTYPES
+                               or x_bias.device != x.device):
+        raise ValueError(f"x_bias must be a ({C},) or ({N}, {C}) float tensor on {x.device}, got "
+                         f"{tuple(x_bias.shape)} {x_bias.dtype} on {x_bias.device}")
 
 
 def group_norm(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-               groups: int, eps: float = 1e-5, silu: bool = False) -> torch.Tensor:
-    """``F.group_norm(x, groups, weight, bias, eps)``, followed by SiLU if ``silu``; x is
-    (batch, channels, *spatial) in any layout (channels-last and contiguous are read in place,
-    others copied to contiguous first). Returns x's dtype, and x's layout where it is
+               groups: int, eps: float = 1e-5, silu: bool = False,
+               x_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.group_norm(x + x_bias, groups, weight, bias, eps)``, followed by SiLU if ``silu``; x
+    is (batch, channels, *spatial) in any layout (channels-last and contiguous are read in
+    place, others copied to contiguous first). ``x_bias``, (channels,) or (batch, channels), is
+    added to every position in fp32 without ``x + x_bias`` being written (a convolution's bias,
+    left out of it, plus a time embedding). Returns x's dtype, and x's layout where it is
     channels-last or contiguous (else contiguous). Differentiable once (no double backward)."""
-    _check(x, weight, bias, groups)
+    _check(x, weight, bias, groups, x_bias)
     C = x.shape[1]
     w = torch.ones(C, device=x.device) if weight is None else weight.contiguous()
     b = torch.zeros(C, device=x.device) if bias is None else bias.contiguous()
     y, _, _ = torch.ops.fasttrain.group_norm_fwd(x.contiguous(memory_format=_layout(x)), w, b,
-                                                 groups, float(eps), bool(silu))
+                                                 x_bias, groups, float(eps), bool(silu))
     return y
 
 
 def group_norm_reference(x: torch.Tensor, weight: Optional[torch.Tensor],
                          bias: Optional[torch.Tensor], groups: int, eps: float = 1e-5,
-                         silu: bool = False) -> torch.Tensor:
-    """Plain PyTorch: GroupNorm (and SiLU) in fp32 (or wider), as autocast runs it, rounded to
-    x's dtype."""
+                         silu: bool = False, x_bias: Optional[torch.Tensor] = None
+                         ) -> torch.Tensor:
+    """Plain PyTorch: GroupNorm (and SiLU) in fp32 (or wider), as autocast runs it, of
+    ``x + x_bias`` (added in that precision), rounded to x's dtype."""
     acc = torch.promote_types(x.dtype, torch.float32)
-    y = F.group_norm(x.to(acc), groups, None if weight is None else weight.to(acc),
+    z = x.to(acc)
+    if x_bias is not None:
+        z = z + x_bias.to(acc).reshape(*x_bias.shape, *(1,) * (x.dim() - 2))
+    y = F.group_norm(z, groups, None if weight is None else weight.to(acc),
                      None if bias is None else bias.to(acc), eps)
     return (F.silu(y) if silu else y).to(x.dtype)

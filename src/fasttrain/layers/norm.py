@@ -21,23 +21,36 @@ from torch import nn
 
 
 class GroupNorm(nn.GroupNorm):
-    """``nn.GroupNorm``, followed by SiLU when ``silu``."""
+    """``nn.GroupNorm``, followed by SiLU when ``silu``. ``forward(x, x_bias)`` normalizes
+    ``x + x_bias``; ``x_bias_from`` names what its callers hand it (the fused path says so)."""
 
     fused_kind, fused_triton = "groupnorm", True
 
-    def __init__(self, groups: int, channels: int, eps: float = 1e-5, silu: bool = False):
+    def __init__(self, groups: int, channels: int, eps: float = 1e-5, silu: bool = False,
+                 x_bias_from: str | None = None):
         super().__init__(groups, channels, eps=eps)
-        self.silu, self.fused = silu, False
+        self.silu, self.fused, self.x_bias_from = silu, False, x_bias_from
 
     def use_fused(self, on: bool) -> list[str]:
         self.fused = on
-        return [f"GroupNorm{' + SiLU' if self.silu else ''} in Triton (two passes each way)"]
+        extra = f", {self.x_bias_from} added in its kernels" if self.x_bias_from else ""
+        return [f"GroupNorm{' + SiLU' if self.silu else ''} in Triton (two passes each way)"
+                + extra]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def takes_bias(self) -> bool:
+        """Whether the caller should hand over its convolution's bias (``x_bias``) instead of
+        adding it: on the fused path, where ``x + x_bias`` is never written."""
+        return self.fused and self.x_bias_from is not None
+
+    def forward(self, x: torch.Tensor, x_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """GroupNorm (+ SiLU) of ``x + x_bias``; x_bias is (channels,) or (batch, channels)."""
         if self.fused:
             from ..kernels.group_norm import group_norm
 
-            return group_norm(x, self.weight, self.bias, self.num_groups, self.eps, self.silu)
+            return group_norm(x, self.weight, self.bias, self.num_groups, self.eps, self.silu,
+                              x_bias=x_bias)
+        if x_bias is not None:
+            x = x + x_bias.reshape(*x_bias.shape, *(1,) * (x.dim() - 2)).to(x.dtype)
         y = F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
         return F.silu(y) if self.silu else y
 

@@ -62,22 +62,37 @@ class TimestepEmbedding(nn.Module):
 class ResnetBlock(nn.Module):
     """diffusers ``ResnetBlock2D``: GN-SiLU-conv, + time embedding, GN-SiLU-conv, + shortcut.
 
-    ``temb=None`` drops the time projection (the VAE's blocks)."""
+    ``temb=None`` drops the time projection (the VAE's blocks). With the GroupNorm kernels
+    (``kernels=groupnorm``) conv1 runs without its bias: norm2's kernels add it, with the time
+    embedding, as they read conv1's output, so ``conv1 + bias + temb`` is never written. In the
+    frozen VAE the block's input is also made one buffer under torch.compile, which norm1 and the
+    shortcut both read (otherwise Inductor writes a copy for norm1's kernels and the sum after
+    recomputes the input from its own inputs)."""
 
     def __init__(self, cin: int, cout: int, temb: int | None, eps: float):
         super().__init__()
         self.norm1 = GroupNorm(NORM_GROUPS, cin, eps=eps, silu=True)
         self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
         self.time_emb_proj = nn.Linear(temb, cout) if temb else None
-        self.norm2 = GroupNorm(NORM_GROUPS, cout, eps=eps, silu=True)
+        what = "the convolution's bias" + (" and time embedding" if temb else "")
+        self.norm2 = GroupNorm(NORM_GROUPS, cout, eps=eps, silu=True, x_bias_from=what)
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
         self.conv_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.conv1(self.norm1(x))
-        if self.time_emb_proj is not None:
-            h = h + self.time_emb_proj(F.silu(temb))[:, :, None, None]
-        h = self.conv2(self.norm2(h))
+        if self.norm1.fused and not (torch.is_grad_enabled() and x.requires_grad):
+            from ..kernels._triton import realized  # a prim without a backward: frozen only
+
+            x = realized(x)
+        h = self.norm1(x)
+        emb = None if self.time_emb_proj is None else self.time_emb_proj(F.silu(temb))
+        if self.norm2.takes_bias():
+            shift = self.conv1.bias if emb is None else self.conv1.bias + emb
+            h = self.norm2(self.conv1._conv_forward(h, self.conv1.weight, None), x_bias=shift)
+        else:
+            h = self.conv1(h)
+            h = self.norm2(h if emb is None else h + emb[:, :, None, None])
+        h = self.conv2(h)
         return (x if self.conv_shortcut is None else self.conv_shortcut(x)) + h
 
 
