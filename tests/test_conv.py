@@ -1,40 +1,58 @@
-"""Zero-padded input channels (layers/conv.py): the same output and gradients as the plain
-convolution, in NCHW and NHWC, and only the convolutions it is meant for."""
+"""Convolutions over few channels as a gather + GEMM (layers/conv.py): the same output and
+gradients as the plain convolution, from NCHW and NHWC inputs, channels-last out, and only the
+convolutions it is meant for."""
 import pytest
 import torch
 from torch import nn
 
-from fasttrain.layers.conv import ChannelPaddedConv2d, needs_padding, pad_channels
+from fasttrain.layers.conv import GemmConv2d, as_gemm, fits_gemm
 
 
-@pytest.mark.parametrize("cin", [3, 4, 11])
+@pytest.mark.parametrize("cin, kernel, padding", [(3, 3, 1), (4, 3, 1), (1, 3, 0), (3, 1, 0),
+                                                  (2, (1, 3), (0, 1))], ids=str)
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=str)
-def test_padded_channels_give_the_plain_convolution(cin, fmt):
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_gemm_convolution_gives_the_plain_convolution(cin, kernel, padding, fmt, bias):
     torch.manual_seed(0)
-    plain = nn.Conv2d(cin, 16, 3, padding=1).to(memory_format=fmt)
-    padded = nn.Conv2d(cin, 16, 3, padding=1).to(memory_format=fmt)
-    padded.load_state_dict(plain.state_dict())
-    assert needs_padding(padded)
-    assert pad_channels(padded) == f"{cin} → {cin + (-cin % 8)}"
-    assert isinstance(padded, ChannelPaddedConv2d) and not needs_padding(padded)
-    assert padded.weight.shape == plain.weight.shape
-    assert list(padded.state_dict()) == list(plain.state_dict())
+    plain = nn.Conv2d(cin, 16, kernel, padding=padding, bias=bias).to(memory_format=fmt)
+    gemm = nn.Conv2d(cin, 16, kernel, padding=padding, bias=bias).to(memory_format=fmt)
+    gemm.load_state_dict(plain.state_dict())
+    assert fits_gemm(gemm)
+    assert as_gemm(gemm).startswith(f"{cin} → 16 channels")
+    assert isinstance(gemm, GemmConv2d) and not fits_gemm(gemm)
+    assert list(gemm.state_dict()) == list(plain.state_dict())
     x = torch.randn(2, cin, 9, 7).contiguous(memory_format=fmt)
     outs = []
-    for conv in (plain, padded):
+    for conv in (plain, gemm):
         xi = x.clone().requires_grad_()
         y = conv(xi)
         y.square().sum().backward()
-        outs.append((y, xi.grad, conv.weight.grad, conv.bias.grad))
-    assert outs[1][0].is_contiguous(memory_format=fmt)
+        outs.append((y, xi.grad, *(p.grad for p in conv.parameters())))
+    assert outs[1][0].is_contiguous(memory_format=torch.channels_last)
     for got, want in zip(outs[1], outs[0]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_only_small_ungrouped_stride_one_convolutions_with_odd_channels_are_padded():
-    assert not needs_padding(nn.Conv2d(8, 16, 3))  # already a multiple of 8
-    assert not needs_padding(nn.Conv2d(3, 768, 16, stride=16))  # a patch embedding
-    assert not needs_padding(nn.Conv2d(3, 12, 5))  # a larger kernel: more reduction
-    assert not needs_padding(nn.Conv2d(6, 6, 3, groups=3))
-    assert not needs_padding(nn.Linear(3, 4))
-    assert needs_padding(nn.Conv2d(3, 128, 3, padding=1)) and needs_padding(nn.Conv2d(4, 8, 1))
+def test_gemm_convolution_under_bf16_autocast():
+    torch.manual_seed(0)
+    plain = nn.Conv2d(3, 32, 3, padding=1)
+    gemm = nn.Conv2d(3, 32, 3, padding=1)
+    gemm.load_state_dict(plain.state_dict())
+    as_gemm(gemm)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.autocast("cpu", torch.bfloat16):
+        got, want = gemm(x), plain(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_only_small_ungrouped_stride_one_convolutions_over_few_channels_run_as_gemms():
+    assert not fits_gemm(nn.Conv2d(8, 16, 3))  # enough channels for cuDNN's NHWC kernels
+    assert not fits_gemm(nn.Conv2d(3, 768, 16, stride=16))  # a patch embedding
+    assert not fits_gemm(nn.Conv2d(3, 12, 5))  # a larger kernel
+    assert not fits_gemm(nn.Conv2d(3, 12, 3, dilation=2))
+    assert not fits_gemm(nn.Conv2d(3, 12, 3, padding="same"))
+    assert not fits_gemm(nn.Conv2d(3, 12, 3, padding=1, padding_mode="reflect"))
+    assert not fits_gemm(nn.Conv2d(6, 6, 3, groups=3))
+    assert not fits_gemm(nn.Linear(3, 4))
+    assert fits_gemm(nn.Conv2d(3, 128, 3, padding=1)) and fits_gemm(nn.Conv2d(4, 8, 1))

@@ -349,11 +349,12 @@ def test_frozen_resnet_block_with_group_norm_kernels_writes_its_input_once():
     torch.testing.assert_close(y.float(), ref.float(), atol=3e-2, rtol=3e-2)
     full = [k for k in re.split(r"@triton\.jit", "\n".join(code))
             if re.search(rf"xnumel = {y.numel()}\b", k)]
-    assert len(full) == 2, f"{len(full)} elementwise kernels over the block's size"
-    assert all(k.count("tl.store(") == 1 for k in full)
-    inputs = sorted(len(set(re.findall(r"\bin_ptr\d+\b", k.split(":", 1)[0]))) for k in full)
-    assert inputs == [2, 3], f"kernel inputs {inputs}: the sum's two terms, then the output's "\
-        "sum, conv2 and its bias"
+    heads = [re.search(r"def \w+\([^)]*\)", k).group(0) for k in full]
+    assert len(full) == 2, f"elementwise kernels over the block's size: {heads}"
+    assert all(k.count("tl.store(") == 1 for k in full), heads
+    inputs = sorted(len(set(re.findall(r"\bin_ptr\d+\b", h))) for h in heads)
+    assert inputs == [2, 3], f"{heads}: want the sum's two terms, then the output's sum, conv2 "\
+        "and its bias"
 
 
 def test_wide_head_attention_on_cuda_takes_the_gemm_path_and_matches_sdpa(monkeypatch):

@@ -314,9 +314,9 @@ def test_group_norm_kernels_keep_the_sd_losses_and_say_what_they_fused():
             "embedding added in its kernels ×") in fused.applied["kernels"]
     assert ("GroupNorm + SiLU in Triton (two passes each way), the convolution's bias added in "
             "its kernels ×") in fused.applied["kernels"]
-    # the VAE's RGB input and the UNet's 4 latent channels padded for NHWC kernels
-    assert "input channels 3 → 8 (zeros) for 1 Conv2d" in fused.applied["channels_last"]
-    assert "input channels 4 → 8 (zeros) for 1 Conv2d" in fused.applied["channels_last"]
+    # the VAE's RGB input and the UNet's 4 latent channels as GEMMs (channels_last)
+    assert "3 → 32 channels, 3 × 3 as a gather + GEMM ×1" in fused.applied["channels_last"]
+    assert "4 → 32 channels, 3 × 3 as a gather + GEMM ×1" in fused.applied["channels_last"]
     assert not fused.warnings
 
 

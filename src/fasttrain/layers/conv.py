@@ -1,13 +1,17 @@
-"""Convolutions with few input channels, padded with zero channels for NHWC tensor cores.
+"""Convolutions over few input channels (an RGB image, SD's 4 latent channels) as one GEMM.
 
-An image (3 channels) or SD's latent (4) gives every pixel 6 or 8 bytes of bf16 channels. The
-NHWC tensor-core kernels of cuDNN on Hopper read a pixel's channels in 16-byte pieces, so for
-those convolutions cuDNN falls back to an older kernel (SD's VAE input convolution at 512 px ran
-an Ampere ``cutlass ... s16816fprop`` kernel, 0.65 ms of the frozen encoder's 20 ms:
-encode-probe-sd-20261122-0535). ``ChannelPaddedConv2d`` appends zero channels to the input and
-zero input channels to the weight up to a multiple of 8 before the convolution: every product
-with a padded channel is an exact zero, so the result is the same, and the parameters (and
-their gradients) keep their own shape.
+With 3 or 4 channels a pixel's channels fill less than the 16 bytes NHWC tensor-core kernels
+read at a time, and cuDNN runs an Ampere-era kernel at a few percent of the GPU: SD's VAE input
+convolution (3 → 128 channels, 3 × 3, 512 px, batch 8) took 0.65 ms, and its eager bias add
+another 0.75 ms (encode-probe-sd-20261122-0535, conv-micro-sd-20261122-0150); padded to 8
+channels cuDNN still chose that kernel (0.60 ms, encode-probe-sd-20261122-0549). Its work is
+small: every output pixel is a dot product of 27 input values with 128 filters. ``GemmConv2d``
+gathers those values (zero-padded to a multiple of 8 columns) into a (pixels × 32) matrix and
+multiplies it by the (32 × out channels) filters with the bias in the GEMM's epilogue: the
+output comes out channels-last, already with its bias, in one pass over its memory.
+
+Numerics: the same products summed in fp32 (in another order); padded columns are exact zeros.
+Parameters, their shapes and the state dict are the Conv2d's own.
 """
 from __future__ import annotations
 
@@ -15,30 +19,42 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MULTIPLE = 8  # bf16/fp16 channels in 16 bytes
+ALIGN = 8  # bf16/fp16 columns in 16 bytes
 
 
-class ChannelPaddedConv2d(nn.Conv2d):
-    """``nn.Conv2d`` that pads its input channels with zeros up to a multiple of 8 (its weight
-    with zero input channels) before convolving; made from a Conv2d by ``pad_channels``."""
+class GemmConv2d(nn.Conv2d):
+    """``nn.Conv2d`` computed as gather + one GEMM; made from a Conv2d by ``as_gemm``. The
+    output is channels-last whatever the input's layout."""
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
                       bias: torch.Tensor | None) -> torch.Tensor:
-        extra = -self.in_channels % MULTIPLE
-        # F.pad keeps channels-last tensors channels-last; its spec runs from the last dim
-        return super()._conv_forward(F.pad(input, (0, 0, 0, 0, 0, extra)),
-                                     F.pad(weight, (0, 0, 0, 0, 0, extra)), bias)
+        N, C, H, W = input.shape
+        (kh, kw), (ph, pw) = self.kernel_size, self.padding
+        Ho, Wo = H + 2 * ph - kh + 1, W + 2 * pw - kw + 1
+        x = F.pad(input, (pw, pw, ph, ph))
+        # column (i·kw + j)·C + c holds input channel c at offset (i, j): the weight's
+        # (out, kh, kw, in) order
+        cols = torch.cat([x[:, :, i:i + Ho, j:j + Wo] for i in range(kh) for j in range(kw)], 1)
+        K = C * kh * kw
+        extra = -K % ALIGN
+        cols = F.pad(cols.permute(0, 2, 3, 1).reshape(N * Ho * Wo, K), (0, extra))
+        w = F.pad(weight.permute(0, 2, 3, 1).reshape(self.out_channels, K), (0, extra))
+        out = cols @ w.t() if bias is None else torch.addmm(bias, cols, w.t())
+        return out.view(N, Ho, Wo, self.out_channels).permute(0, 3, 1, 2)
 
 
-def needs_padding(conv: nn.Module) -> bool:
-    """A plain (ungrouped) Conv2d, stride 1 and at most 3 × 3, whose input channels are not a
-    multiple of 8 (a patch embedding's large kernel would multiply its reduction instead)."""
-    return (type(conv) is nn.Conv2d and conv.groups == 1 and conv.in_channels % MULTIPLE != 0
-            and conv.stride == (1, 1) and conv.kernel_size[0] * conv.kernel_size[1] <= 9)
+def fits_gemm(conv: nn.Module) -> bool:
+    """A plain Conv2d (ungrouped, stride 1, no dilation, zero or no padding, at most 3 × 3)
+    over fewer than 8 input channels."""
+    return (type(conv) is nn.Conv2d and conv.in_channels < ALIGN and conv.groups == 1
+            and conv.stride == (1, 1) and conv.dilation == (1, 1)
+            and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros"
+            and conv.kernel_size[0] * conv.kernel_size[1] <= 9)
 
 
-def pad_channels(conv: nn.Conv2d) -> str:
-    """Turn ``conv`` into a ChannelPaddedConv2d in place (same parameters and state dict);
-    returns "3 → 8"."""
-    conv.__class__ = ChannelPaddedConv2d
-    return f"{conv.in_channels} → {conv.in_channels + (-conv.in_channels % MULTIPLE)}"
+def as_gemm(conv: nn.Conv2d) -> str:
+    """Turn ``conv`` into a GemmConv2d in place (same parameters and state dict); returns its
+    shape ("3 → 128 channels, 3 × 3")."""
+    conv.__class__ = GemmConv2d
+    kh, kw = conv.kernel_size
+    return f"{conv.in_channels} → {conv.out_channels} channels, {kh} × {kw}"

@@ -1,10 +1,10 @@
 """channels_last (NHWC) memory format for convolutions.
 
 When it helps: tensor-core convolutions run in NHWC; with NCHW cuDNN transposes around every
-conv. Convolutions whose input has fewer than 8 channels' worth of 16 bytes (an RGB image, SD's
-4 latent channels) get zero channels appended (``layers/conv.py``): NHWC tensor-core kernels
-read a pixel's channels in 16-byte pieces. Numerics: none (a layout; a padded channel adds exact
-zeros). It does nothing for a model without 4-D convolutions — then it says so.
+conv. Convolutions over fewer than 8 input channels (an RGB image, SD's 4 latent channels), for
+which cuDNN has no fast NHWC kernel, run as a gather and one GEMM (``layers/conv.py``).
+Numerics: none beyond the order of fp32 sums (a layout). It does nothing for a model without
+4-D convolutions — then it says so.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections import Counter
 import torch
 from torch import nn
 
-from ..layers.conv import needs_padding, pad_channels
+from ..layers.conv import as_gemm, fits_gemm
 from .base import Technique, TrainState
 
 
@@ -26,10 +26,9 @@ def apply(state: TrainState) -> str | None:
     for m in state.model.modules():  # models convert their image inputs when asked
         if hasattr(m, "channels_last"):
             m.channels_last = True
-    padded = Counter(pad_channels(m) for m in convs if needs_padding(m))
-    pads = "".join(f"; input channels {what} (zeros) for {n} Conv2d"
-                   for what, n in sorted(padded.items()))
-    return f"NHWC weights for {len(convs)} Conv2d{pads}"
+    gemms = Counter(as_gemm(m) for m in convs if fits_gemm(m))
+    as_gemms = "".join(f"; {what} as a gather + GEMM ×{n}" for what, n in sorted(gemms.items()))
+    return f"NHWC weights for {len(convs)} Conv2d{as_gemms}"
 
 
 TECHNIQUE = Technique(
