@@ -277,6 +277,33 @@ def activation_rows(env: dict) -> list[dict]:
     return rows
 
 
+def geglu_rows(env: dict) -> list[dict]:
+    """GEGLU (h · gelu(gate) of one projection's two halves) at SD's UNet feed-forward shapes,
+    batch 8: 64², 32² and 16² latents' tokens × inner widths 1,280, 2,560, 5,120; bf16."""
+    import torch.nn.functional as F
+
+    from fasttrain.kernels import activations as act
+
+    def model_math(x):  # the plain layer under autocast: chunk, bf16 GELU, product
+        h, gate = x.chunk(2, dim=-1)
+        return h * F.gelu(gate)
+
+    rows = []
+    for where, n, d in [("sd 64x64", 8 * 4096, 1280), ("sd 32x32", 8 * 1024, 2560),
+                        ("sd 16x16", 8 * 256, 5120)]:
+        x = torch.randn(n, 2 * d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(n, d, device="cuda", dtype=torch.bfloat16)
+        moved = 7 * n * d * 2  # fwd: read x (2d), write y — bwd: read dy, x (2d); write dx (2d)
+        torch._dynamo.reset()
+        variants = {"eager bf16 (model's math)": model_math,
+                    "compiled (model's math)": torch.compile(model_math),
+                    "triton fused": act.geglu}
+        rows += _variant_rows(env, "geglu", variants, (x,),
+                              {"tokens": n, "inner": d, "model": where}, "bf16",
+                              ("gb_per_s", moved), (dy,))
+    return rows
+
+
 def rope_rows(env: dict) -> list[dict]:
     """RoPE of q and k (GQA) as in the Llama attention: (B, T, H*D) projections viewed as
     non-contiguous (B, H, T, D); bf16, fp32 cos/sin tables."""
@@ -529,7 +556,7 @@ def _opt_row(env: dict, variant: str, shape: dict, step, gbytes: float) -> dict:
 GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows,
           "activations": activation_rows, "rope": rope_rows, "window": window_rows,
           "optimizer": optimizer_rows, "groupnorm": groupnorm_rows, "attention": attention_rows,
-          "wide_attention": wide_attention_rows}
+          "wide_attention": wide_attention_rows, "geglu": geglu_rows}
 
 
 def main() -> int:

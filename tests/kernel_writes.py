@@ -95,6 +95,8 @@ def main() -> None:
         call(activations._bias_gelu_bwd, rnd(256, 512), x, bias, "none")
     call(activations._swiglu_fwd, x, rnd(256, 512))
     call(activations._swiglu_bwd, rnd(256, 512), x, rnd(256, 512))
+    call(activations._geglu_fwd, x, "none")
+    call(activations._geglu_bwd, rnd(256, 256), x, "none")
 
     w, h = rnd(512, dtype=f32), rnd(256, 512, dtype=f32)
     mean, rstd = rnd(256, dtype=f32), rnd(256, dtype=f32).abs()
@@ -123,9 +125,10 @@ def main() -> None:
 
     xg = rnd(2, 64, 8, 8).contiguous(memory_format=torch.channels_last)
     wg, bg = rnd(64, dtype=f32), rnd(64, dtype=f32)
-    call(group_norm._fwd, xg, wg, bg, 32, 1e-5, True)
-    call(group_norm._bwd, rnd(2, 64, 8, 8).contiguous(memory_format=torch.channels_last), xg,
-         wg, bg, rnd(2, 32, dtype=f32), rnd(2, 32, dtype=f32).abs(), 32, True)
+    for xb in (None, rnd(2, 64, dtype=f32)):  # with a per-sample x_bias (the UNet's ResNets)
+        call(group_norm._fwd, xg, wg, bg, xb, 32, 1e-5, True)
+        call(group_norm._bwd, rnd(2, 64, 8, 8).contiguous(memory_format=torch.channels_last),
+             xg, wg, bg, xb, rnd(2, 32, dtype=f32), rnd(2, 32, dtype=f32).abs(), 32, True)
 
     launched = {r["kernel"] for r in rows}
     for module in modules:  # with the kernels it imports from a private module of kernels

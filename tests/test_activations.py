@@ -1,4 +1,4 @@
-"""Fused bias + GELU and SwiGLU Triton kernels against plain-PyTorch references, run on CPU
+"""Fused bias + GELU, SwiGLU and GEGLU Triton kernels against plain-PyTorch references, run on CPU
 through the Triton interpreter: outputs and every gradient, odd shapes, non-contiguous inputs,
 bad input, and torch.compile without graph breaks."""
 import re
@@ -13,8 +13,8 @@ from tests.interpreted import (assert_compiled_matches_eager, interpret,  # noqa
 
 with kernels_interpreted():
     from fasttrain.kernels import activations
-    from fasttrain.kernels.activations import (bias_gelu, bias_gelu_reference, swiglu,
-                                               swiglu_reference)
+    from fasttrain.kernels.activations import (bias_gelu, bias_gelu_reference, geglu,
+                                               geglu_reference, swiglu, swiglu_reference)
 
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
@@ -142,6 +142,41 @@ def test_swiglu_non_contiguous_inputs_and_expanded_gradient():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 2 * 49), (7, 2 * 1000), (3, 2 * 1280)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_geglu_matches_reference_output_and_gradient(approximate, dtype, shape):
+    """h · gelu(gate) from the two halves of x's last dim: odd widths (one column a tile),
+    widths of a few tiles, SD's 1,280; the gradient lands in both halves of dx."""
+    g = torch.Generator().manual_seed(0)
+    x = (2 * torch.randn(shape, generator=g)).to(dtype)
+    dy = torch.randn(*shape[:-1], shape[-1] // 2, generator=g).to(dtype)
+    results = []
+    for fn, cast in ((geglu, lambda t: t), (geglu_reference, lambda t: t.float())):
+        leaf = cast(x).clone().requires_grad_()
+        out = fn(leaf, approximate)
+        out.backward(cast(dy))
+        results.append((out, leaf.grad))
+    (out, dx), (ref, ref_dx) = results
+    assert out.dtype == dtype and out.shape == dy.shape and dx.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, **TOL[dtype])
+    torch.testing.assert_close(dx.float(), ref_dx, **TOL[dtype])
+
+
+def test_geglu_of_a_strided_input_and_no_rows():
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(6, 3 * 16, generator=g, requires_grad=True)
+    x = wide[:, :32]  # not contiguous: copied first
+    geglu(x).sum().backward()
+    want = wide.detach().clone().requires_grad_()
+    geglu_reference(want[:, :32]).sum().backward()
+    torch.testing.assert_close(wide.grad, want.grad, rtol=1e-5, atol=1e-5)
+    empty = torch.randn(0, 8, requires_grad=True)
+    y = geglu(empty)
+    y.sum().backward()
+    assert y.shape == (0, 4) and empty.grad.shape == (0, 8)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda x: bias_gelu(x, torch.ones(7)), "bias shape (7,) does not match"),
     (lambda x: bias_gelu(x, None, "erf"), "approximate must be 'none' or 'tanh'"),
@@ -150,7 +185,10 @@ def test_swiglu_non_contiguous_inputs_and_expanded_gradient():
     (lambda x: swiglu(x, torch.ones(4, 7)), "up must match gate"),
     (lambda x: swiglu(x, x.double()), "up must match gate"),
     (lambda x: swiglu(x.int(), x.int()), "gate must be float32"),
-], ids=["bias", "approximate", "dtype", "bias-dtype", "shape", "up-dtype", "gate-dtype"])
+    (lambda x: geglu(x[:, :7]), "x needs an even last dim"),
+    (lambda x: geglu(x, "erf"), "approximate must be 'none' or 'tanh'"),
+], ids=["bias", "approximate", "dtype", "bias-dtype", "shape", "up-dtype", "gate-dtype",
+        "geglu-odd", "geglu-approximate"])
 def test_bad_input_is_a_one_line_value_error(call, message):
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         call(torch.randn(4, 8))
@@ -160,7 +198,7 @@ def test_bad_input_is_a_one_line_value_error(call, message):
 def _mlp(x, b, g, u):
     h = bias_gelu(x, b, "tanh")
     return (bias_gelu(h * 2, b).sum() + (swiglu(h, u) * g).sum()
-            + swiglu(g, bias_gelu(u, None)).sum())
+            + swiglu(g, bias_gelu(u, None)).sum() + geglu(torch.cat([h, u], -1)).sum())
 
 
 def test_torch_compile_fullgraph_matches_eager():

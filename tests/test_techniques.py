@@ -305,8 +305,9 @@ def test_group_norm_kernels_keep_the_sd_losses_and_say_what_they_fused():
     wl = load_workload("sd", "tiny")
     base = Recipe(channels_last=True, batch=2)
     plain = train(wl, base, steps=2, warmup=0, device="cpu")
-    fused = train(wl, base.replace(kernels="groupnorm"), steps=2, warmup=0, device="cpu")
+    fused = train(wl, base.replace(kernels="groupnorm,gelu"), steps=2, warmup=0, device="cpu")
     assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
+    assert "GEGLU (h · gelu(gate)) in one Triton kernel each way ×" in fused.applied["kernels"]
     assert "GroupNorm + SiLU in Triton (two passes each way) ×" in fused.applied["kernels"]
     assert "GroupNorm in Triton (two passes each way) ×" in fused.applied["kernels"]
     # ResNet blocks hand conv1's bias (and the time embedding, in the UNet) to norm2's kernels
