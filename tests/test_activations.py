@@ -185,10 +185,11 @@ def test_geglu_of_a_strided_input_and_no_rows():
     (lambda x: swiglu(x, torch.ones(4, 7)), "up must match gate"),
     (lambda x: swiglu(x, x.double()), "up must match gate"),
     (lambda x: swiglu(x.int(), x.int()), "gate must be float32"),
-    (lambda x: geglu(x[:, :7]), "x needs an even last dim"),
+    (lambda x: geglu(x[:, :7]), "x needs an even, non-empty last dim"),
+    (lambda x: geglu(x[:, :0]), "x needs an even, non-empty last dim"),
     (lambda x: geglu(x, "erf"), "approximate must be 'none' or 'tanh'"),
 ], ids=["bias", "approximate", "dtype", "bias-dtype", "shape", "up-dtype", "gate-dtype",
-        "geglu-odd", "geglu-approximate"])
+        "geglu-odd", "geglu-empty", "geglu-approximate"])
 def test_bad_input_is_a_one_line_value_error(call, message):
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         call(torch.randn(4, 8))

@@ -50,9 +50,20 @@ def test_only_small_ungrouped_stride_one_convolutions_over_few_channels_run_as_g
     assert not fits_gemm(nn.Conv2d(8, 16, 3))  # enough channels for cuDNN's NHWC kernels
     assert not fits_gemm(nn.Conv2d(3, 768, 16, stride=16))  # a patch embedding
     assert not fits_gemm(nn.Conv2d(3, 12, 5))  # a larger kernel
+    assert not fits_gemm(nn.Conv2d(3, 12, (1, 9)))
     assert not fits_gemm(nn.Conv2d(3, 12, 3, dilation=2))
     assert not fits_gemm(nn.Conv2d(3, 12, 3, padding="same"))
     assert not fits_gemm(nn.Conv2d(3, 12, 3, padding=1, padding_mode="reflect"))
     assert not fits_gemm(nn.Conv2d(6, 6, 3, groups=3))
     assert not fits_gemm(nn.Linear(3, 4))
     assert fits_gemm(nn.Conv2d(3, 128, 3, padding=1)) and fits_gemm(nn.Conv2d(4, 8, 1))
+
+
+def test_gemm_convolution_of_an_unbatched_input():
+    torch.manual_seed(0)
+    plain = nn.Conv2d(3, 8, 3, padding=1)
+    gemm = nn.Conv2d(3, 8, 3, padding=1)
+    gemm.load_state_dict(plain.state_dict())
+    as_gemm(gemm)
+    x = torch.randn(3, 6, 5)
+    torch.testing.assert_close(gemm(x), plain(x), rtol=1e-5, atol=1e-5)

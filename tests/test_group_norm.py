@@ -121,6 +121,23 @@ def test_group_norm_of_x_plus_a_bias_matches_reference_output_and_all_gradients(
                                    msg=lambda m: f"grad of {name}: {m}")
 
 
+def test_group_norm_x_bias_on_2d_input_and_with_only_some_gradients():
+    """(N, C) input has no positions to sum the bias gradient over: it is dx itself."""
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(4, 8, generator=g), torch.randn(8, generator=g), torch.randn(8, generator=g)
+    for xb in (torch.randn(8, generator=g), torch.randn(4, 8, generator=g)):
+        grads = []
+        for fn in (group_norm, group_norm_reference):
+            leaf, xbl = x.clone().requires_grad_(), xb.clone().requires_grad_()
+            fn(leaf, w, b, 4, 1e-5, True, x_bias=xbl).square().sum().backward()
+            grads.append((leaf.grad, xbl.grad))
+        for got, want in zip(*grads):  # groups of 2 values: gradients up to ~60, fp32 sums
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    xb = torch.randn(8, generator=g, requires_grad=True)  # the bias alone needs a gradient
+    group_norm(x, w, b, 4, x_bias=xb).sum().backward()
+    assert xb.grad.shape == (8,)
+
+
 def test_group_norm_keeps_the_variance_under_a_large_mean():
     # mean 1000, std 2: E[x²] − E[x]² in fp32 would lose the variance (off by ~0.1); the
     # pivot keeps the error at x's own rounding (fp32 steps of 6e-5 at 1000, over std 2)

@@ -163,7 +163,7 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                            "dependent launch", "combo kernels"]  # how Inductor launches
     launches = ["dependent launch", "combo kernels"]
     assert axes["sd"] == ["graphs", "one-launch optimizer", "bf16 master weights",
-                          "kernels groupnorm", "no NHWC", *launches]  # a conv model
+                          "kernels gelu", "kernels groupnorm", "no NHWC", *launches]  # conv + GEGLU
     assert axes["swin"] == ["graphs", "one-launch optimizer", "bf16 master weights", "math attention",
                             "kernels window", "kernels patch", "kernels gelu", "kernels layernorm",
                             "autotuned reductions", *launches]
@@ -201,14 +201,18 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     assert rung.name == "fast: compile + graphs + fp8 + one-launch optimizer"
     assert (rec.cuda_graphs, rec.fp8, rec.optimizer_impl) == (True, "linear", "triton")
     # it gained 0.4 %, under the margin: master weights (which need it) are not tried, the
-    # GroupNorm kernels are, without it
+    # GEGLU kernels (family gelu) are, without it
     assert search.axes[0][1] == "master_weights"
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 13.05}, rec)
-    assert rung.name == "fast: compile + graphs + fp8 + kernels groupnorm"
-    assert (rec.kernels, rec.optimizer_impl) == ("groupnorm", "fused")
+    assert rung.name == "fast: compile + graphs + fp8 + kernels gelu"
+    assert (rec.kernels, rec.optimizer_impl) == ("gelu", "fused")
     (label, why), = search.drain_skipped()
     assert label == "bf16 master weights" and "set optimizer_impl=triton" in why
     assert search.drain_skipped() == []
+    # they lost: the GroupNorm kernels are tried without them
+    rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.9}, rec)
+    assert rung.name == "fast: compile + graphs + fp8 + kernels groupnorm"
+    assert (rec.kernels, rec.optimizer_impl) == ("groupnorm", "fused")
     # they lost: NHWC off is tried without them
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.5}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + no NHWC"

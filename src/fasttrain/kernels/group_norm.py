@@ -1,5 +1,6 @@
 """GroupNorm (optionally followed by SiLU) in Triton, forward and backward, for any memory
-layout — built for the channels-last activations of a convolutional UNet and VAE.
+layout — built for the channels-last activations of a convolutional UNet and VAE. ``x_bias``
+(a convolution's bias left out of it, plus a time embedding) is added inside the kernels.
 
 What is fused
     ``group_norm(x, weight, bias, groups, eps, silu)`` computes
@@ -317,7 +318,8 @@ def _backward(ctx, dy, _dmean, _drstd):
                                                     ctx.groups, ctx.silu)
     dxb = None
     if x_bias is not None and ctx.needs_input_grad[3]:  # x_bias was added to every position
-        dxb = dx.sum(dim=tuple(range(2, dx.dim())), dtype=torch.float32)
+        spatial = tuple(range(2, dx.dim()))
+        dxb = dx.sum(dim=spatial, dtype=torch.float32) if spatial else dx.float()
         dxb = (dxb.sum(0) if x_bias.dim() == 1 else dxb).to(x_bias.dtype)
     return dx, dw.to(weight.dtype), db.to(bias.dtype), dxb, None, None, None
 

@@ -28,6 +28,8 @@ class GemmConv2d(nn.Conv2d):
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
                       bias: torch.Tensor | None) -> torch.Tensor:
+        if input.dim() == 3:  # unbatched (C, H, W), as nn.Conv2d takes it
+            return self._conv_forward(input[None], weight, bias)[0]
         N, C, H, W = input.shape
         (kh, kw), (ph, pw) = self.kernel_size, self.padding
         Ho, Wo = H + 2 * ph - kh + 1, W + 2 * pw - kw + 1
@@ -49,7 +51,7 @@ def fits_gemm(conv: nn.Module) -> bool:
     return (type(conv) is nn.Conv2d and conv.in_channels < ALIGN and conv.groups == 1
             and conv.stride == (1, 1) and conv.dilation == (1, 1)
             and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros"
-            and conv.kernel_size[0] * conv.kernel_size[1] <= 9)
+            and max(conv.kernel_size) <= 3)
 
 
 def as_gemm(conv: nn.Conv2d) -> str:

@@ -43,7 +43,9 @@ class GroupNorm(nn.GroupNorm):
         return self.fused and self.x_bias_from is not None
 
     def forward(self, x: torch.Tensor, x_bias: torch.Tensor | None = None) -> torch.Tensor:
-        """GroupNorm (+ SiLU) of ``x + x_bias``; x_bias is (channels,) or (batch, channels)."""
+        """GroupNorm (+ SiLU) of ``x + x_bias``; x_bias is (channels,) or (batch, channels).
+        The fused kernels add it in fp32; the plain path rounds ``x + x_bias`` to x's dtype
+        first, as a convolution's own bias add would."""
         if self.fused:
             from ..kernels.group_norm import group_norm
 

@@ -79,6 +79,12 @@ class ResnetBlock(nn.Module):
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
         self.conv_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
 
+    def fp32_params(self) -> list[nn.Parameter]:
+        """What the fused path reads outside autocast's casts: conv1's bias, added in fp32 in
+        norm2's kernels (bf16 master weights leave it fp32, techniques/optimizer.py)."""
+        return [self.conv1.bias] if self.norm2.takes_bias() and self.conv1.bias is not None \
+            else []
+
     def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None) -> torch.Tensor:
         if self.norm1.fused and not (torch.is_grad_enabled() and x.requires_grad):
             from ..kernels._triton import realized  # a prim without a backward: frozen only
@@ -86,7 +92,7 @@ class ResnetBlock(nn.Module):
             x = realized(x)
         h = self.norm1(x)
         emb = None if self.time_emb_proj is None else self.time_emb_proj(F.silu(temb))
-        if self.norm2.takes_bias():
+        if self.norm2.takes_bias() and self.conv1.bias is not None:
             shift = self.conv1.bias if emb is None else self.conv1.bias + emb
             h = self.norm2(self.conv1._conv_forward(h, self.conv1.weight, None), x_bias=shift)
         else:
