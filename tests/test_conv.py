@@ -8,16 +8,22 @@ from torch import nn
 from fasttrain.layers.conv import GemmConv2d, as_gemm, fits_gemm
 
 
+def _pair(*args, **kw) -> tuple[nn.Conv2d, nn.Conv2d]:
+    """A plain Conv2d and a GemmConv2d with the same parameters."""
+    torch.manual_seed(0)
+    plain, gemm = nn.Conv2d(*args, **kw), nn.Conv2d(*args, **kw)
+    gemm.load_state_dict(plain.state_dict())
+    assert fits_gemm(gemm)
+    return plain, gemm
+
+
 @pytest.mark.parametrize("cin, kernel, padding", [(3, 3, 1), (4, 3, 1), (1, 3, 0), (3, 1, 0),
                                                   (2, (1, 3), (0, 1))], ids=str)
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=str)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_gemm_convolution_gives_the_plain_convolution(cin, kernel, padding, fmt, bias):
-    torch.manual_seed(0)
-    plain = nn.Conv2d(cin, 16, kernel, padding=padding, bias=bias).to(memory_format=fmt)
-    gemm = nn.Conv2d(cin, 16, kernel, padding=padding, bias=bias).to(memory_format=fmt)
-    gemm.load_state_dict(plain.state_dict())
-    assert fits_gemm(gemm)
+    plain, gemm = (c.to(memory_format=fmt)
+                   for c in _pair(cin, 16, kernel, padding=padding, bias=bias))
     assert as_gemm(gemm).startswith(f"{cin} → 16 channels")
     assert isinstance(gemm, GemmConv2d) and not fits_gemm(gemm)
     assert list(gemm.state_dict()) == list(plain.state_dict())
@@ -34,10 +40,7 @@ def test_gemm_convolution_gives_the_plain_convolution(cin, kernel, padding, fmt,
 
 
 def test_gemm_convolution_under_bf16_autocast():
-    torch.manual_seed(0)
-    plain = nn.Conv2d(3, 32, 3, padding=1)
-    gemm = nn.Conv2d(3, 32, 3, padding=1)
-    gemm.load_state_dict(plain.state_dict())
+    plain, gemm = _pair(3, 32, 3, padding=1)
     as_gemm(gemm)
     x = torch.randn(2, 3, 16, 16)
     with torch.autocast("cpu", torch.bfloat16):
@@ -60,10 +63,7 @@ def test_only_small_ungrouped_stride_one_convolutions_over_few_channels_run_as_g
 
 
 def test_gemm_convolution_of_an_unbatched_input():
-    torch.manual_seed(0)
-    plain = nn.Conv2d(3, 8, 3, padding=1)
-    gemm = nn.Conv2d(3, 8, 3, padding=1)
-    gemm.load_state_dict(plain.state_dict())
+    plain, gemm = _pair(3, 8, 3, padding=1)
     as_gemm(gemm)
     x = torch.randn(3, 6, 5)
     torch.testing.assert_close(gemm(x), plain(x), rtol=1e-5, atol=1e-5)
