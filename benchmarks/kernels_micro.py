@@ -282,7 +282,7 @@ def geglu_rows(env: dict) -> list[dict]:
     batch 8: 64², 32² and 16² latents' tokens × inner widths 1,280, 2,560, 5,120; bf16."""
     import torch.nn.functional as F
 
-    from fasttrain.kernels import activations as act
+    from fasttrain.kernels.geglu import geglu
 
     def model_math(x):  # the plain layer under autocast: chunk, bf16 GELU, product
         h, gate = x.chunk(2, dim=-1)
@@ -297,7 +297,7 @@ def geglu_rows(env: dict) -> list[dict]:
         torch._dynamo.reset()
         variants = {"eager bf16 (model's math)": model_math,
                     "compiled (model's math)": torch.compile(model_math),
-                    "triton fused": act.geglu}
+                    "triton fused": geglu}
         rows += _variant_rows(env, "geglu", variants, (x,),
                               {"tokens": n, "inner": d, "model": where}, "bf16",
                               ("gb_per_s", moved), (dy,))

@@ -69,7 +69,8 @@ for e in prof.events():
         k[1] += e.device_time_total
 env = environment(dev)
 rows = [{"kind": "encode-probe", "kernel": name, "calls": n // 2, "us": us / 2,
-         "preset": preset} for name, (n, us) in sorted(kernels.items(), key=lambda x: -x[1][1])]
+         "preset": preset, "env": env}
+        for name, (n, us) in sorted(kernels.items(), key=lambda x: -x[1][1])]
 total = sum(r["us"] for r in rows)
 rows.append({"kind": "encode-probe", "kernel": "(all kernels)", "us": total, "preset": preset,
              "batch": state.micro_batch, "env": env})
@@ -81,21 +82,18 @@ print(f"total {total / 1000:.2f} ms an encode", flush=True)
 
 code = out / "encode-code"
 code.mkdir(exist_ok=True)
-sources = [p for p in cache.rglob("*.py") if p.stat().st_size < 4_000_000]
-for r in rows:
-    name = r["kernel"]
-    if not name.startswith("triton_") or r["us"] < MIN_US:
+wanted = {r["kernel"]: r for r in rows if r["kernel"].startswith("triton_") and r["us"] >= MIN_US}
+for p in cache.rglob("*.py"):  # each generated file read once
+    if not wanted or p.stat().st_size >= 4_000_000:
         continue
-    for p in sources:
-        text = p.read_text(errors="replace")
-        if f"def {name}(" not in text:
-            continue
+    text = p.read_text(errors="replace")
+    for name in [n for n in wanted if f"def {n}(" in text]:
+        r = wanted.pop(name)
         start = text.rfind("async_compile.triton(", 0, text.find(f"def {name}("))
         end = text.find("''', device_str=", start)
         at = text.find("def call(")
         (code / f"{name}.py").write_text(
             f"# from {p.name}; {r['us']:.1f} us an encode, {r['calls']} calls\n"
             + text[start:end] + "\n\n# ---- call()\n" + (text[at:at + 20000] if at >= 0 else ""))
-        break
 shutil.rmtree(cache, ignore_errors=True)
 print("code of", len(list(code.iterdir())), "kernels in", code, flush=True)

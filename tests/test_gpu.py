@@ -292,13 +292,20 @@ def test_group_norm_kernel_compiled_on_cuda_matches_the_reference():
                                group_norm_reference(x, w, b, 32, 1e-6, True))
 
 
+def _kernels_over(code: list[str], numel: int) -> list[str]:
+    """The Triton kernels in Inductor's generated ``code`` whose elementwise loop covers
+    ``numel`` elements."""
+    import re
+
+    return [k for k in re.split(r"@triton\.jit", "\n".join(code))
+            if re.search(rf"xnumel = {numel}\b", k)]
+
+
 def test_group_norm_of_a_bias_add_is_written_once_by_inductor():
     """GroupNorm of a convolution's output + bias (the VAE's and UNet's ResNet blocks): the
     sum is a value Inductor has not written yet, and the kernels take it three times (the
     reduction, the elementwise pass, the first position's values). Inductor must write it once;
     handed views of it, it wrote one copy per kernel argument (four stores in one kernel)."""
-    import re
-
     from torch._inductor.utils import run_and_get_code
 
     from fasttrain.kernels.group_norm import group_norm, group_norm_reference
@@ -317,9 +324,7 @@ def test_group_norm_of_a_bias_add_is_written_once_by_inductor():
         y, code = run_and_get_code(torch.compile(block, fullgraph=True), x)
         ref = group_norm_reference(conv(x), w, b, 32, 1e-6, True)
     torch.testing.assert_close(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
-    numel = y.numel()  # the convolution's output; x has half as many elements
-    full = [k for k in re.split(r"@triton\.jit", "\n".join(code))
-            if re.search(rf"xnumel = {numel}\b", k)]
+    full = _kernels_over(code, y.numel())  # the convolution's output; x has half as many
     assert len(full) == 1, f"{len(full)} elementwise kernels over the convolution's output"
     assert full[0].count("tl.store(") == 1
 
@@ -347,8 +352,7 @@ def test_frozen_resnet_block_with_group_norm_kernels_writes_its_input_once():
             m.use_fused(True)
         y, code = run_and_get_code(torch.compile(lambda s, t: blk(s + t), fullgraph=True), a, b)
     torch.testing.assert_close(y.float(), ref.float(), atol=3e-2, rtol=3e-2)
-    full = [k for k in re.split(r"@triton\.jit", "\n".join(code))
-            if re.search(rf"xnumel = {y.numel()}\b", k)]
+    full = _kernels_over(code, y.numel())
     heads = [re.search(r"def \w+\([^)]*\)", k).group(0) for k in full]
     assert len(full) == 2, f"elementwise kernels over the block's size: {heads}"
     assert all(k.count("tl.store(") == 1 for k in full), heads

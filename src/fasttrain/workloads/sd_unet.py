@@ -79,11 +79,14 @@ class ResnetBlock(nn.Module):
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
         self.conv_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
 
+    def _bias_into_norm2(self) -> bool:
+        """Whether conv1 runs without its bias and norm2's kernels add it."""
+        return self.norm2.takes_bias() and self.conv1.bias is not None
+
     def fp32_params(self) -> list[nn.Parameter]:
         """What the fused path reads outside autocast's casts: conv1's bias, added in fp32 in
         norm2's kernels (bf16 master weights leave it fp32, techniques/optimizer.py)."""
-        return [self.conv1.bias] if self.norm2.takes_bias() and self.conv1.bias is not None \
-            else []
+        return [self.conv1.bias] if self._bias_into_norm2() else []
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None) -> torch.Tensor:
         if self.norm1.fused and not (torch.is_grad_enabled() and x.requires_grad):
@@ -92,7 +95,7 @@ class ResnetBlock(nn.Module):
             x = realized(x)
         h = self.norm1(x)
         emb = None if self.time_emb_proj is None else self.time_emb_proj(F.silu(temb))
-        if self.norm2.takes_bias() and self.conv1.bias is not None:
+        if self._bias_into_norm2():
             shift = self.conv1.bias if emb is None else self.conv1.bias + emb
             h = self.norm2(self.conv1._conv_forward(h, self.conv1.weight, None), x_bias=shift)
         else:
@@ -146,8 +149,8 @@ class Attention(nn.Module):
 
 class GEGLU(nn.Module):
     """``h · gelu(gate)`` of the two halves of one projection. Fused (``kernels=gelu``): one
-    Triton kernel each way reads the projection's output in place (``kernels.activations.
-    geglu``); Inductor's backward computed GELU's derivative for both halves of its gradient
+    Triton kernel each way reads the projection's output in place (``kernels/geglu.py``);
+    Inductor's backward computed GELU's derivative for both halves of its gradient
     (0.30 ms a call at 64 × 64 latents: profile-sd-base-20261122-035033)."""
 
     fused_kind, fused_triton = "gelu", True
@@ -163,7 +166,7 @@ class GEGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
-            from ..kernels.activations import geglu
+            from ..kernels.geglu import geglu
 
             return geglu(self.proj(x))
         h, gate = self.proj(x).chunk(2, dim=-1)
