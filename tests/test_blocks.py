@@ -108,3 +108,33 @@ def test_layers_whose_bias_a_kernel_adds_keep_their_float8_matmul(monkeypatch):
     fused(torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8), torch.tensor([1, 7]))
     assert len(calls) == len(linears)  # qkv, proj, fc1, fc2 of each block
     assert sum(b is None for b in calls) == 5  # block 1: proj, fc1, fc2; block 2: proj, fc1
+
+
+def test_sd_transformer_with_fused_norms_computes_the_plain_block():
+    """SD's transformer block: norm2 and norm3 take the residual add and the attention output
+    projection's bias (left out of its matmul), and every gradient matches the plain block."""
+    from fasttrain.workloads.sd_unet import SpatialTransformer
+
+    torch.manual_seed(0)
+    plain = SpatialTransformer(32, 2, 16)
+    for n, p in plain.named_parameters():  # biases away from their zero init
+        if n.endswith("bias"):
+            torch.nn.init.normal_(p, std=0.1)
+    fused = _fused(plain)
+    block = fused.transformer_blocks[0]
+    assert block.fp32_params() == [block.attn1.to_out[0].bias, block.attn2.to_out[0].bias]
+    assert plain.transformer_blocks[0].fp32_params() == []
+    x = torch.randn(2, 32, 3, 5)
+    ctx = torch.randn(2, 4, 16)
+    outs = []
+    for model in (plain, fused):
+        model.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        y = model(xi, ctx)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        outs.append((y.detach(), xi.grad, {n: p.grad for n, p in model.named_parameters()}))
+    (y0, dx0, g0), (y1, dx1, g1) = outs
+    torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx1, dx0, rtol=1e-4, atol=1e-5)
+    for n, g in g1.items():
+        torch.testing.assert_close(g, g0[n], rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")

@@ -163,7 +163,8 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                            "dependent launch", "combo kernels"]  # how Inductor launches
     launches = ["dependent launch", "combo kernels"]
     assert axes["sd"] == ["graphs", "one-launch optimizer", "bf16 master weights",
-                          "kernels gelu", "kernels groupnorm", "no NHWC", *launches]  # conv + GEGLU
+                          "kernels gelu", "kernels layernorm", "kernels groupnorm", "no NHWC",
+                          *launches]  # conv + GEGLU + transformer norms
     assert axes["swin"] == ["graphs", "one-launch optimizer", "bf16 master weights", "math attention",
                             "kernels window", "kernels patch", "kernels gelu", "kernels layernorm",
                             "autotuned reductions", *launches]
@@ -209,7 +210,10 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     (label, why), = search.drain_skipped()
     assert label == "bf16 master weights" and "set optimizer_impl=triton" in why
     assert search.drain_skipped() == []
-    # they lost: the GroupNorm kernels are tried without them
+    # they lost: the LayerNorm kernels are tried without them, then GroupNorm's
+    rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.9}, rec)
+    assert rung.name == "fast: compile + graphs + fp8 + kernels layernorm"
+    assert (rec.kernels, rec.optimizer_impl) == ("layernorm", "fused")
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.9}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + kernels groupnorm"
     assert (rec.kernels, rec.optimizer_impl) == ("groupnorm", "fused")

@@ -200,3 +200,42 @@ def test_regional_blocks_are_the_whole_vae_encoder_then_the_repeated_blocks():
     inside = set(model.vae_encoder.modules())
     assert not any(b in inside for b in blocks[1:])
     assert set(blocks[1:]) >= set(model.text_encoder.layers) | set(model.unet.down_blocks)
+
+
+@pytest.mark.parametrize("context", [None, 12])
+def test_stacked_projections_compute_the_separate_ones(monkeypatch, context):
+    """q, k, v (or the text's k, v) from one GEMM over stacked weights: the same outputs and
+    gradients as one GEMM each, and a layer another technique replaced keeps its own call."""
+    from fasttrain.workloads.sd_unet import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(16, 2, context)
+    x = torch.randn(2, 5, 16)
+    ctx = None if context is None else torch.randn(2, 3, context)
+
+    def run(stacked):
+        monkeypatch.setattr(Attention, "stacked", stacked)
+        attn.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        y = attn(xi, ctx)
+        (y * y).sum().backward()
+        return y.detach(), xi.grad, [p.grad.clone() for p in attn.parameters()]
+
+    want, got = run(False), run(True)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+    for g, w in zip(got[2], want[2]):
+        torch.testing.assert_close(g, w)
+
+    calls = []
+
+    class Replaced(torch.nn.Linear):  # what fp8's layer swap leaves: a subclass with its own matmul
+        def forward(self, inp):
+            calls.append(self)
+            return super().forward(inp)
+
+    swapped = Replaced(attn.to_k.in_features, 16, bias=False)
+    swapped.load_state_dict(attn.to_k.state_dict())
+    attn.to_k = swapped
+    torch.testing.assert_close(run(True)[0], want[0])
+    assert calls == [swapped]

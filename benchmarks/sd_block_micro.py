@@ -1,0 +1,95 @@
+"""One SD UNet spatial transformer (GroupNorm, 1×1 conv in, self-attention, cross-attention,
+GEGLU feed-forward, 1×1 conv out) forward + backward at SD v1's three widths, batch 8, compiled
+and replayed in a CUDA graph, with its projections stacked or not (``Attention.stacked``) and its
+LayerNorms plain or fused (``kernels=layernorm``). GroupNorm and GEGLU run fasttrain's kernels in
+every variant, as the SD preset does; linear and conv weights are bf16 (the preset's master
+weights) under bf16 autocast. One JSONL row per (width, variant), with the largest gradient
+difference against the first variant relative to that gradient's largest value.
+
+    PYTHONPATH=src:. python3 benchmarks/sd_block_micro.py --out $OUT/sd-block-micro.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch import nn
+
+from benchmarks.kernels_micro import append_rows, graph_ms
+from fasttrain.env import environment
+from fasttrain.workloads.sd_unet import Attention, SpatialTransformer
+
+SHAPES = ((320, 64), (640, 32), (1280, 16))  # (channels, latent side) of the three levels
+BATCH, CONTEXT, TOKENS, HEADS = 8, 768, 77, 8
+VARIANTS = (("separate projections, plain LayerNorm", False, False),
+            ("stacked projections, plain LayerNorm", True, False),
+            ("stacked projections, fused LayerNorm", True, True))
+
+
+def build(dim: int, layernorm: bool) -> nn.Module:
+    torch.manual_seed(0)
+    blk = SpatialTransformer(dim, HEADS, CONTEXT).cuda()
+    for m in blk.modules():
+        if callable(getattr(m, "use_fused", None)):
+            m.use_fused(layernorm or m.fused_kind != "layernorm")
+    keep = {id(p) for m in blk.modules() if callable(getattr(m, "fp32_params", None))
+            for p in m.fp32_params()}
+    for m in blk.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            for p in m.parameters(recurse=False):
+                if id(p) not in keep:
+                    p.data = p.data.to(torch.bfloat16)
+    return blk
+
+
+def variant_rows(env: dict, dim: int, side: int) -> list[dict]:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(BATCH, dim, side, side, device="cuda", dtype=torch.bfloat16, generator=g)
+    x = x.contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    ctx = torch.randn(BATCH, TOKENS, CONTEXT, device="cuda", dtype=torch.bfloat16, generator=g)
+    dy = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    rows, ref = [], None
+    for name, stacked, layernorm in VARIANTS:
+        Attention.stacked = stacked
+        torch._dynamo.reset()
+        blk = build(dim, layernorm)
+        run = torch.compile(blk)
+
+        def step():
+            with torch.autocast("cuda", torch.bfloat16):
+                y = run(x, ctx)
+            y.backward(dy)
+
+        x.grad = None
+        step()
+        grads = [x.grad] + [p.grad for p in blk.parameters()]
+        grads = [t.float().clone() for t in grads]
+        ref = ref or grads
+        err = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+                  for a, b in zip(grads, ref))
+        x.grad = None
+        blk.zero_grad(set_to_none=True)
+        ms = graph_ms(step)
+        row = {"kind": "micro", "group": "sd_block", "kernel": "spatial transformer",
+               "variant": name, "shape": {"batch": BATCH, "channels": dim, "side": side,
+                                          "context": [TOKENS, CONTEXT]},
+               "dtype": "bf16 autocast, bf16 weights", "ms": round(ms, 4),
+               "max_rel_grad_diff": err, "env": env}
+        print(json.dumps({k: v for k, v in row.items() if k != "env"}), flush=True)
+        rows.append(row)
+    Attention.stacked = True
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    env = environment("cuda")
+    append_rows(args.out, [r for dim, side in SHAPES for r in variant_rows(env, dim, side)])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
