@@ -4,7 +4,7 @@ and replayed in a CUDA graph, with its projections stacked or not (``Attention.s
 LayerNorms plain or fused (``kernels=layernorm``). GroupNorm and GEGLU run fasttrain's kernels in
 every variant, as the SD preset does; linear and conv weights are bf16 (the preset's master
 weights) under bf16 autocast. One JSONL row per (width, variant), with the largest gradient
-difference against the first variant relative to that gradient's largest value.
+difference against the first variant relative to that gradient's largest value, and whose.
 
     PYTHONPATH=src:. python3 benchmarks/sd_block_micro.py --out $OUT/sd-block-micro.jsonl
 """
@@ -63,11 +63,11 @@ def variant_rows(env: dict, dim: int, side: int) -> list[dict]:
 
         x.grad = None
         step()
-        grads = [x.grad] + [p.grad for p in blk.parameters()]
-        grads = [t.float().clone() for t in grads]
+        grads = {"input": x.grad, **{n: p.grad for n, p in blk.named_parameters()}}
+        grads = {n: t.float().clone() for n, t in grads.items()}
         ref = ref or grads
-        err = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
-                  for a, b in zip(grads, ref))
+        err, worst = max((((g - ref[n]).abs().max() / ref[n].abs().max().clamp_min(1e-12)).item(),
+                          n) for n, g in grads.items())
         x.grad = None
         blk.zero_grad(set_to_none=True)
         ms = graph_ms(step)
@@ -75,7 +75,7 @@ def variant_rows(env: dict, dim: int, side: int) -> list[dict]:
                "variant": name, "shape": {"batch": BATCH, "channels": dim, "side": side,
                                           "context": [TOKENS, CONTEXT]},
                "dtype": "bf16 autocast, bf16 weights", "ms": round(ms, 4),
-               "max_rel_grad_diff": err, "env": env}
+               "max_rel_grad_diff": err, "of": worst, "env": env}
         print(json.dumps({k: v for k, v in row.items() if k != "env"}), flush=True)
         rows.append(row)
     Attention.stacked = True

@@ -426,7 +426,8 @@ def _kernels_keep_the_losses(workload: str, base: Recipe, kernels: tuple[str, ..
 def test_sd_group_norm_kernel_in_the_compiled_training_loop_keeps_the_losses():
     _kernels_keep_the_losses("sd", Recipe(precision="bf16-mixed", optimizer_impl="fused",
                                           compile="regional", channels_last=True),
-                             ("groupnorm",), "GroupNorm + SiLU in Triton")
+                             ("groupnorm", "groupnorm,gelu,layernorm"),
+                             "GroupNorm + SiLU in Triton")
 
 
 def test_swin_window_kernel_in_the_compiled_training_loop_keeps_the_losses():
