@@ -305,8 +305,10 @@ def test_group_norm_kernels_keep_the_sd_losses_and_say_what_they_fused():
     wl = load_workload("sd", "tiny")
     base = Recipe(channels_last=True, batch=2)
     plain = train(wl, base, steps=2, warmup=0, device="cpu")
-    fused = train(wl, base.replace(kernels="groupnorm,gelu"), steps=2, warmup=0, device="cpu")
+    fused = train(wl, base.replace(kernels="groupnorm,gelu,layernorm"), steps=2, warmup=0,
+                  device="cpu")
     assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
+    assert "LayerNorm (with the residual add before it) in Triton ×" in fused.applied["kernels"]
     assert "GEGLU (h · gelu(gate)) in one Triton kernel each way ×" in fused.applied["kernels"]
     assert "GroupNorm + SiLU in Triton (two passes each way) ×" in fused.applied["kernels"]
     assert "GroupNorm in Triton (two passes each way) ×" in fused.applied["kernels"]
@@ -318,6 +320,8 @@ def test_group_norm_kernels_keep_the_sd_losses_and_say_what_they_fused():
     # the VAE's RGB input and the UNet's 4 latent channels as GEMMs (channels_last)
     assert "3 → 32 channels, 3 × 3 as a gather + GEMM ×1" in fused.applied["channels_last"]
     assert "4 → 32 channels, 3 × 3 as a gather + GEMM ×1" in fused.applied["channels_last"]
+    # the transformers' projections in and out and the ResNet shortcuts: 1 × 1 as GEMMs
+    assert "1 × 1 as one GEMM ×" in fused.applied["channels_last"]
     assert not fused.warnings
 
 
