@@ -18,6 +18,7 @@ from torch import nn
 
 from benchmarks.kernels_micro import append_rows, graph_ms
 from fasttrain.env import environment
+from fasttrain.techniques.optimizer import matmul_weights
 from fasttrain.workloads.sd_unet import Attention, SpatialTransformer
 
 SHAPES = ((320, 64), (640, 32), (1280, 16))  # (channels, latent side) of the three levels
@@ -33,13 +34,8 @@ def build(dim: int, layernorm: bool) -> nn.Module:
     for m in blk.modules():
         if callable(getattr(m, "use_fused", None)):
             m.use_fused(layernorm or m.fused_kind != "layernorm")
-    keep = {id(p) for m in blk.modules() if callable(getattr(m, "fp32_params", None))
-            for p in m.fp32_params()}
-    for m in blk.modules():
-        if isinstance(m, (nn.Linear, nn.Conv2d)):
-            for p in m.parameters(recurse=False):
-                if id(p) not in keep:
-                    p.data = p.data.to(torch.bfloat16)
+    for p in matmul_weights(blk):  # what master_weights stores in bf16
+        p.data = p.data.to(torch.bfloat16)
     return blk
 
 

@@ -134,8 +134,8 @@ class Recipe:
     a comma-separated list of families: patch (patch embedding as one GEMM), loss (linear +
     cross-entropy in chunks), window (Swin window attention in Triton, on the unpartitioned
     map), layernorm (the blocks' LayerNorms with the residual add before them: Swin, ViT, SD's
-    UNet transformers), gelu (bias + GELU), swiglu (SiLU·up), rope (rotary embedding of q and k in one kernel),
-    groupnorm (GroupNorm + SiLU reading channels-last activations in place: SD's UNet and
+    UNet transformers), gelu (bias + GELU), swiglu (SiLU·up), rope (rotary embedding of q and
+    k in one kernel), groupnorm (GroupNorm + SiLU reading channels-last activations in place: SD's UNet and
     VAE), attention (ViT's self-attention in Triton straight from the qkv projection's layout,
     odd lengths padded to 16 not 64)."""
     fp8: str = "none"

@@ -162,11 +162,13 @@ class Attention(nn.Module):
     def _project(self, x: torch.Tensor, *layers: nn.Linear) -> tuple[torch.Tensor, ...]:
         """Each layer's output as (B, heads, T, D), from one GEMM where all are plain."""
         if self.stacked and len(layers) > 1 and all(type(m) is nn.Linear for m in layers):
-            y = F.linear(x, torch.cat([m.weight for m in layers]))
-        else:
-            y = torch.cat([m(x) for m in layers], dim=-1) if len(layers) > 1 else layers[0](x)
+            return self._heads(F.linear(x, torch.cat([m.weight for m in layers])), len(layers))
+        return tuple(h for m in layers for h in self._heads(m(x), 1))
+
+    def _heads(self, y: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        """(B, T, n·C) → n views (B, heads, T, D)."""
         B, T, _ = y.shape
-        return y.view(B, T, len(layers), self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        return y.view(B, T, n, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
 
 
 class GEGLU(nn.Module):
