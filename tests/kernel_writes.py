@@ -95,8 +95,9 @@ def main() -> None:
         call(activations._bias_gelu_bwd, rnd(256, 512), x, bias, "none")
     call(activations._swiglu_fwd, x, rnd(256, 512))
     call(activations._swiglu_bwd, rnd(256, 512), x, rnd(256, 512))
-    call(geglu._geglu_fwd, x, "none")
-    call(geglu._geglu_bwd, rnd(256, 256), x, "none")
+    for bias in (b, None):
+        call(geglu._geglu_fwd, x, bias, "none")
+        call(geglu._geglu_bwd, rnd(256, 256), x, bias, "none")
 
     w, h = rnd(512, dtype=f32), rnd(256, 512, dtype=f32)
     mean, rstd = rnd(256, dtype=f32), rnd(256, dtype=f32).abs()

@@ -146,22 +146,34 @@ def test_swiglu_non_contiguous_inputs_and_expanded_gradient():
 @pytest.mark.parametrize("shape", [(3, 5, 2 * 49), (7, 2 * 1000), (3, 2 * 1280)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_geglu_matches_reference_output_and_gradient(approximate, dtype, shape):
-    """h · gelu(gate) from the two halves of x's last dim: odd widths (one column a tile),
-    widths of a few tiles, SD's 1,280; the gradient lands in both halves of dx."""
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_geglu_matches_reference_output_and_gradient(approximate, dtype, shape, bias):
+    """h · gelu(gate) from the two halves of x (+ bias)'s last dim: odd widths (one column a
+    tile), widths of a few tiles, SD's 1,280; the gradient lands in both halves of dx, and the
+    fp32 bias's in both of its halves (summed over rows that span several row tiles and
+    programs: 5 × 3 rows of 98 columns walk 7 row tiles)."""
     g = torch.Generator().manual_seed(0)
     x = (2 * torch.randn(shape, generator=g)).to(dtype)
+    b = torch.randn(shape[-1], generator=g) if bias else None
     dy = torch.randn(*shape[:-1], shape[-1] // 2, generator=g).to(dtype)
     results = []
     for fn, cast in ((geglu, lambda t: t), (geglu_reference, lambda t: t.float())):
         leaf = cast(x).clone().requires_grad_()
-        out = fn(leaf, approximate)
+        bl = None if b is None else b.clone().requires_grad_()
+        out = fn(leaf, bl, approximate)
         out.backward(cast(dy))
-        results.append((out, leaf.grad))
-    (out, dx), (ref, ref_dx) = results
+        results.append((out, leaf.grad, None if bl is None else bl.grad))
+    (out, dx, db), (ref, ref_dx, ref_db) = results
     assert out.dtype == dtype and out.shape == dy.shape and dx.dtype == dtype
     torch.testing.assert_close(out.float(), ref, **TOL[dtype])
     torch.testing.assert_close(dx.float(), ref_dx, **TOL[dtype])
+    if bias:
+        assert db.dtype == torch.float32
+        # fp32 sums of the unrounded dx against the reference's fp32 dx: at dx's tolerance
+        # times the square root of the rows summed
+        rows = x.numel() // shape[-1]
+        tol = {k: v * rows ** 0.5 for k, v in TOL[dtype].items()}
+        torch.testing.assert_close(db, ref_db, **tol)
 
 
 def test_geglu_of_a_strided_input_and_no_rows():
@@ -188,9 +200,11 @@ def test_geglu_of_a_strided_input_and_no_rows():
     (lambda x: swiglu(x.int(), x.int()), "gate must be float32"),
     (lambda x: geglu(x[:, :7]), "x needs an even, non-empty last dim"),
     (lambda x: geglu(x[:, :0]), "x needs an even, non-empty last dim"),
-    (lambda x: geglu(x, "erf"), "approximate must be 'none' or 'tanh'"),
+    (lambda x: geglu(x, None, "erf"), "approximate must be 'none' or 'tanh'"),
+    (lambda x: geglu(x, torch.ones(4)), "bias shape (4,) does not match x's last dim (8)"),
+    (lambda x: geglu(x, torch.ones(8, dtype=torch.long)), "bias must be a float tensor"),
 ], ids=["bias", "approximate", "dtype", "bias-dtype", "shape", "up-dtype", "gate-dtype",
-        "geglu-odd", "geglu-empty", "geglu-approximate"])
+        "geglu-odd", "geglu-empty", "geglu-approximate", "geglu-bias", "geglu-bias-dtype"])
 def test_bad_input_is_a_one_line_value_error(call, message):
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         call(torch.randn(4, 8))
@@ -200,7 +214,8 @@ def test_bad_input_is_a_one_line_value_error(call, message):
 def _mlp(x, b, g, u):
     h = bias_gelu(x, b, "tanh")
     return (bias_gelu(h * 2, b).sum() + (swiglu(h, u) * g).sum()
-            + swiglu(g, bias_gelu(u, None)).sum() + geglu(torch.cat([h, u], -1)).sum())
+            + swiglu(g, bias_gelu(u, None)).sum()
+            + geglu(torch.cat([h, u], -1), torch.cat([b, b])).sum())
 
 
 def test_torch_compile_fullgraph_matches_eager():

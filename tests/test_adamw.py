@@ -79,6 +79,30 @@ def test_matches_adamw_with_clipping_and_ema(small_blocks, clip, decay, wd):
             torch.testing.assert_close(s, e, rtol=2e-6, atol=2e-6)
 
 
+def test_clip_norm_is_the_total_norm_of_the_gradients_present(small_blocks):
+    """The one-launch sums of squares against torch's total norm: fp32 and bf16 gradients (a
+    bf16 one by its exact value), a weight without a gradient, one 4 bytes off 16-byte
+    alignment, and a chunk count (41) that leaves the last program part-empty."""
+    g = torch.Generator().manual_seed(5)
+    store = torch.randn(1 + 130, generator=g)
+    ws = [store[1:].detach().requires_grad_(),  # unaligned fp32
+          torch.randn(64, 33, generator=g).bfloat16().requires_grad_(),
+          torch.randn(130, generator=g).requires_grad_(),  # no gradient
+          torch.randn(7, 3, 3, 2, generator=g).contiguous(
+              memory_format=torch.channels_last).requires_grad_()]
+    opt = FlatAdamW(ws, lr=1e-2, max_grad_norm=1.0,
+                    masters=[None, ws[1].detach().float(), None, None])
+    for w in (ws[0], ws[1], ws[3]):
+        w.grad = (torch.randn(w.shape, generator=g) * 3).to(w.dtype).contiguous(
+            memory_format=torch.channels_last if w.dim() == 4 else torch.contiguous_format)
+    grads = opt._grads()
+    increments = opt._increments(grads)
+    assert opt._chunk_tensor.numel() == 41  # 3 + 33 + 3 + 2
+    got = opt._grad_norm(opt._upload(grads), increments)
+    want = torch.nn.utils.get_total_norm([ws[0].grad, ws[1].grad.float(), ws[3].grad])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+
+
 def test_unaligned_weights_and_a_step_without_gradients(small_blocks):
     """A weight that starts 4 bytes into its storage (as in a packed bucket) takes the scalar
     path next to aligned ones; a step where no weight has a gradient still moves the EMA."""

@@ -385,7 +385,8 @@ def test_wide_head_attention_on_cuda_takes_the_gemm_path_and_matches_sdpa(monkey
 def test_pipelined_loops_over_many_tiles_per_program_match_the_reference():
     """The persistent loops with software-pipelined loads (the interpreter ignores num_stages,
     so only a GPU runs them), at shapes where each program walks many tiles: bias + GELU's
-    backward (dx and the bias gradient) and GroupNorm's reduction pass."""
+    backward (dx and the bias gradient), GEGLU's (dx and the bias gradient) and GroupNorm's
+    reduction pass."""
     from fasttrain.kernels import activations as act
     from fasttrain.kernels import group_norm as gn
 
@@ -397,6 +398,14 @@ def test_pipelined_loops_over_many_tiles_per_program_match_the_reference():
                                act.LAUNCH["programs_per_sm"])[2]
     assert act.LAUNCH["stages"] > 1 and per >= 4 * block_r  # several tiles a program
     _compiled_and_reference(lambda x, b: act.bias_gelu(x, b), act.bias_gelu_reference, [x, b],
+                            lambda y: (y.float() * 1.5).square().sum())
+    from fasttrain.kernels import geglu as gg
+
+    x = torch.randn(20_000, 2 * 640, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2 * 640, device="cuda")
+    progs, _, per, block_r, _ = gg._geglu_bwd_grid(x.device, 20_000, 640)
+    assert gg.GEGLU["stages"] > 1 and per >= 4 * block_r and progs > 1
+    _compiled_and_reference(gg.geglu, gg.geglu_reference, [x, b],
                             lambda y: (y.float() * 1.5).square().sum())
     shape = (2, 128, 256, 256)
     x = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 2 + 0.5).contiguous(

@@ -239,3 +239,78 @@ def test_stacked_projections_compute_the_separate_ones(monkeypatch, context):
     attn.to_k = swapped
     torch.testing.assert_close(run(True)[0], want[0])
     assert calls == [swapped]
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels-last"])
+def test_upsample_sums_the_gradient_of_each_2x2_block(channels_last):
+    """The UNet's nearest 2× upsampling: interpolate's values forward, each 2 × 2 block of the
+    gradient summed backward (interpolate's backward, as a reduction), eager and compiled, in
+    the input's memory format."""
+    import torch.nn.functional as F
+
+    from fasttrain.workloads.sd_unet import upsample_nearest2x
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 4)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    dy = torch.randn(2, 3, 10, 8)
+    want_x = x.clone().requires_grad_(True)
+    want = F.interpolate(want_x, scale_factor=2.0, mode="nearest")
+    want.backward(dy)
+    for fn in (upsample_nearest2x, torch.compile(upsample_nearest2x, fullgraph=True)):
+        xi = x.clone().requires_grad_(True)
+        y = fn(xi)
+        y.backward(dy)
+        torch.testing.assert_close(y, want, rtol=0, atol=0)
+        torch.testing.assert_close(xi.grad, want_x.grad, rtol=1e-6, atol=1e-6)
+        assert y.is_contiguous(memory_format=torch.channels_last) == channels_last
+
+
+def test_unet_runs_the_time_and_text_projections_as_one_gemm_each(monkeypatch):
+    """The time embedding's projections of every ResNet block, and the text's keys and values of
+    every cross-attention, from one GEMM each: the same loss and gradients as the blocks' own
+    projections, and none of those layers is called on its own; a layer another technique
+    replaced sends its kind back to the blocks."""
+    from fasttrain.workloads.sd_unet import Attention, UNet
+
+    wl = make("tiny")
+    torch.manual_seed(0)
+    model = wl.build_model()
+    unet = model.unet
+    batch = _batch(wl)
+    times = [m for name, m in unet.named_modules() if name.endswith("time_emb_proj")]
+    texts = [m for name, m in unet.named_modules() if name.endswith(("attn2.to_k", "attn2.to_v"))]
+    assert len(times) > 6 and len(texts) > 6
+    called = []
+    for m in times + texts:
+        m.register_forward_hook(lambda mod, args, out: called.append(mod))
+
+    def run(stacked):
+        monkeypatch.setattr(UNet, "stacked", stacked)
+        monkeypatch.setattr(Attention, "stacked", stacked)  # off: each of k and v calls its layer
+        unet.zero_grad()
+        called.clear()
+        loss = wl.loss(model, batch)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in unet.parameters()]
+
+    want = run(False)
+    assert len(called) == len(times) + len(texts)
+    got = run(True)
+    assert called == []
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    for g, w in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+    class Replaced(torch.nn.Linear):  # what fp8's layer swap leaves: a subclass
+        pass
+
+    first = unet.down_blocks[0].resnets[0]
+    swapped = Replaced(first.time_emb_proj.in_features, first.time_emb_proj.out_features)
+    swapped.load_state_dict(first.time_emb_proj.state_dict())
+    swapped.register_forward_hook(lambda mod, args, out: called.append(mod))
+    first.time_emb_proj = swapped
+    loss = run(True)[0]
+    torch.testing.assert_close(loss, want[0], rtol=1e-5, atol=1e-6)
+    assert set(called) == {swapped, *times[1:]}  # the time projections back in the blocks

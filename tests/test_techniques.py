@@ -309,7 +309,7 @@ def test_group_norm_kernels_keep_the_sd_losses_and_say_what_they_fused():
                   device="cpu")
     assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
     assert "LayerNorm (with the residual add before it) in Triton ×" in fused.applied["kernels"]
-    assert "GEGLU (h · gelu(gate)) in one Triton kernel each way ×" in fused.applied["kernels"]
+    assert "GEGLU (bias, h · gelu(gate)) in one Triton kernel each way ×" in fused.applied["kernels"]
     assert "GroupNorm + SiLU in Triton (two passes each way) ×" in fused.applied["kernels"]
     assert "GroupNorm in Triton (two passes each way) ×" in fused.applied["kernels"]
     # ResNet blocks hand conv1's bias (and the time embedding, in the UNet) to norm2's kernels

@@ -1,10 +1,13 @@
 """The Triton kernels of the one-launch AdamW (``kernels/adamw.py``, which documents the
-layout they read): the step over every tensor's blocks, and the fetch of the pinned host table
-of where the weights and gradients are."""
+layout they read): the step over every tensor's blocks, the gradients' sum of squares for the
+clip norm over the same blocks, and the fetch of the pinned host table of where the weights and
+gradients are."""
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ._triton import add
 
 
 @triton.jit
@@ -111,6 +114,47 @@ def _adamw_step(table_ptr, n_tensors, chunk_tensor_ptr, chunk_start_ptr, numel_p
         _block(m_ptr, p_offs, m_ptr, g_offs, m_ptr, p_offs, m_ptr, v_ptr, ema_ptr, coef_ptr,
                s_offs, whole, mask, has_grad, lr, beta1, beta2, bc1, bc2_sqrt, eps,
                weight_decay, ema_weight, HAS_CLIP, HAS_EMA, False, 4, 4, BLOCK)
+
+
+@triton.jit
+def _sumsq(ptr, offs, whole, mask, VEC: tl.constexpr, BLOCK: tl.constexpr):
+    """The fp32 sum of squares of one block of a gradient (``whole``: unmasked vector loads)."""
+    if whole:
+        g = tl.load(ptr + tl.max_contiguous(tl.multiple_of(offs, VEC), BLOCK))
+    else:
+        g = tl.load(ptr + offs, mask=mask, other=0.0)
+    g = g.to(tl.float32)
+    return tl.reduce(g * g, 0, add)
+
+
+@triton.jit
+def _grad_sumsq(table_ptr, n_tensors, n_chunks, chunk_tensor_ptr, chunk_start_ptr, numel_ptr,
+                have_ptr, out_ptr, f32_ptr, half_ptr, HALF: tl.constexpr,
+                CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program p: the fp32 sum of squares of the gradients in chunks p·CHUNKS … (p + 1)·CHUNKS
+    of the step kernel's chunk table, into out[p] (0 for chunks of tensors without a
+    gradient). Gradients are addressed as in ``_adamw_step``."""
+    p = tl.program_id(0)
+    acc = tl.cast(0.0, tl.float32)
+    idx = tl.arange(0, BLOCK)
+    for k in tl.static_range(CHUNKS):
+        c = p * CHUNKS + k
+        if c < n_chunks:
+            t = tl.load(chunk_tensor_ptr + c)
+            if tl.load(have_ptr + t) != 0:
+                start = tl.load(chunk_start_ptr + c)
+                n = tl.load(numel_ptr + t)
+                offs = tl.load(table_ptr + n_tensors + t) + start + idx
+                whole = (start + BLOCK <= n) & (tl.load(table_ptr + 2 * n_tensors + t) != 0)
+                mask = start + idx < n
+                half = False
+                if HALF:
+                    half = tl.load(table_ptr + 3 * n_tensors + t) != 0
+                if half:
+                    acc += _sumsq(half_ptr, offs, whole, mask, 8, BLOCK)
+                else:
+                    acc += _sumsq(f32_ptr, offs, whole, mask, 4, BLOCK)
+    tl.store(out_ptr + p, acc)
 
 
 @triton.jit

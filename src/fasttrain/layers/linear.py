@@ -1,6 +1,9 @@
 """A linear layer's matmul with or without its bias, for fused paths that add the bias
-themselves (bias + GELU, the blocks' fused LayerNorms)."""
+themselves (bias + GELU, the blocks' fused LayerNorms), and the outputs of several linear
+layers of one input from one GEMM (``stacked``)."""
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -17,3 +20,24 @@ def linear(layer: nn.Linear, x: torch.Tensor, bias: bool = True) -> torch.Tensor
     if isinstance(layer, fp8.Float8Linear):
         return fp8.fp8_linear(x, layer.weight, None)
     return F.linear(x, layer.weight)
+
+
+def stackable(layers: Sequence[nn.Module]) -> bool:
+    """Whether ``layers`` can run as one GEMM: two or more plain ``nn.Linear`` (not a subclass
+    another technique swapped in, such as fp8's) with the same input width, all with a bias or
+    none."""
+    return (len(layers) > 1 and all(type(m) is nn.Linear for m in layers)
+            and len({m.in_features for m in layers}) == 1
+            and len({m.bias is None for m in layers}) == 1)
+
+
+def stacked(layers: Sequence[nn.Linear], x: torch.Tensor) -> list[torch.Tensor]:
+    """``[m(x) for m in layers]``, from one GEMM over the layers' concatenated weights (and
+    biases) where they are ``stackable``: one launch forward, one for the weights' gradient and
+    one for x's (instead of one each per layer, and a sum of x's gradients); the outputs are
+    column slices of the one result. The weights stay the layers' own parameters."""
+    if not stackable(layers):
+        return [m(x) for m in layers]
+    weight = torch.cat([m.weight for m in layers])
+    bias = None if layers[0].bias is None else torch.cat([m.bias for m in layers])
+    return list(F.linear(x, weight, bias).split([m.out_features for m in layers], dim=-1))

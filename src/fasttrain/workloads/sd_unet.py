@@ -13,16 +13,22 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import attention
-from ..layers.linear import linear
+from ..layers.linear import linear, stackable, stacked
 from ..layers.norm import GroupNorm, LayerNorm
 
 NORM_GROUPS = 32
+Heads2 = tuple[torch.Tensor, torch.Tensor]
+Conditioning = Optional[tuple[Optional[list[torch.Tensor]], Optional[list[list[Heads2]]]]]
+"""What the UNet hands a block besides temb and the text: its ResNets' time projections, and
+per spatial transformer, per transformer block, the text's keys and values for attn2 (either
+None where the block computes them itself; None for both)."""
 
 
 @dataclass(frozen=True)
@@ -89,13 +95,21 @@ class ResnetBlock(nn.Module):
         norm2's kernels (bf16 master weights leave it fp32, techniques/optimizer.py)."""
         return [self.conv1.bias] if self._bias_into_norm2() else []
 
-    def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None) -> torch.Tensor:
+    def time_projection(self, temb: torch.Tensor) -> torch.Tensor:
+        """This block's share of the time embedding, (B, cout)."""
+        return self.time_emb_proj(F.silu(temb))
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None,
+                emb: torch.Tensor | None = None) -> torch.Tensor:
+        """``emb``: this block's time projection already computed (the UNet computes all of
+        them in one GEMM), else it is computed here from ``temb``."""
         if self.norm1.fused and not (torch.is_grad_enabled() and x.requires_grad):
             from ..kernels._triton import realized  # a prim without a backward: frozen only
 
             x = realized(x)
         h = self.norm1(x)
-        emb = None if self.time_emb_proj is None else self.time_emb_proj(F.silu(temb))
+        if emb is None and self.time_emb_proj is not None:
+            emb = self.time_projection(temb)
         if self._bias_into_norm2():
             shift = self.conv1.bias if emb is None else self.conv1.bias + emb
             h = self.norm2(self.conv1._conv_forward(h, self.conv1.weight, None), x_bias=shift)
@@ -118,13 +132,36 @@ class Downsample(nn.Module):
         return self.conv(F.pad(x, (0, 1, 0, 1)) if self.asymmetric else x)
 
 
+class _Nearest2x(torch.autograd.Function):
+    """``F.interpolate(x, scale_factor=2, mode="nearest")`` whose backward sums each 2 × 2
+    block of the gradient as a reduction over a view. Autograd's own backward scatters the
+    gradient with an accumulating ``index_put`` into zeros, which Inductor compiles to atomic
+    adds (0.33 ms of SD's step for 3 upsamplers, a tenth of it at the copy ceiling:
+    profile-sd-base-20261122-081837)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, scale_factor=2.0, mode="nearest")
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
+        H, W = g.shape[2] // 2, g.shape[3] // 2
+        return g.unflatten(3, (W, 2)).unflatten(2, (H, 2)).sum((3, 5))
+
+
+def upsample_nearest2x(x: torch.Tensor) -> torch.Tensor:
+    """Nearest-neighbour 2× upsampling of (B, C, H, W), in x's memory format; the same values
+    as ``F.interpolate(x, scale_factor=2.0, mode="nearest")`` both ways."""
+    return _Nearest2x.apply(x)
+
+
 class Upsample(nn.Module):
     def __init__(self, ch: int):
         super().__init__()
         self.conv = nn.Conv2d(ch, ch, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+        return self.conv(upsample_nearest2x(x))
 
 
 class Attention(nn.Module):
@@ -149,11 +186,15 @@ class Attention(nn.Module):
         self.to_out = nn.Sequential(nn.Linear(dim, dim))  # diffusers' to_out.0
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
-                proj_bias: bool = True) -> torch.Tensor:
-        """``proj_bias=False`` leaves to_out's bias out, for the caller's norm to add."""
+                proj_bias: bool = True, kv: Heads2 | None = None) -> torch.Tensor:
+        """``proj_bias=False`` leaves to_out's bias out, for the caller's norm to add; ``kv``:
+        the context's keys and values already projected (``text_heads``), else they are
+        projected here."""
         B, T, C = x.shape
         if context is None:
             q, k, v = self._project(x, self.to_q, self.to_k, self.to_v)
+        elif kv is not None:
+            (q,), (k, v) = self._project(x, self.to_q), kv
         else:
             (q,), (k, v) = self._project(x, self.to_q), self._project(context, self.to_k, self.to_v)
         out = attention(q, k, v)  # (B, H, T, D)
@@ -165,6 +206,11 @@ class Attention(nn.Module):
             return self._heads(F.linear(x, torch.cat([m.weight for m in layers])), len(layers))
         return tuple(h for m in layers for h in self._heads(m(x), 1))
 
+    def text_heads(self, k: torch.Tensor, v: torch.Tensor) -> Heads2:
+        """The outputs of to_k and to_v, (B, T, C) each, as the (B, heads, T, D) views
+        ``forward``'s ``kv`` takes."""
+        return self._heads(k, 1)[0], self._heads(v, 1)[0]
+
     def _heads(self, y: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
         """(B, T, n·C) → n views (B, heads, T, D)."""
         B, T, _ = y.shape
@@ -172,10 +218,12 @@ class Attention(nn.Module):
 
 
 class GEGLU(nn.Module):
-    """``h · gelu(gate)`` of the two halves of one projection. Fused (``kernels=gelu``): one
-    Triton kernel each way reads the projection's output in place (``kernels/geglu.py``);
-    Inductor's backward computed GELU's derivative for both halves of its gradient
-    (0.30 ms a call at 64 × 64 latents: profile-sd-base-20261122-035033)."""
+    """``h · gelu(gate)`` of the two halves of one projection. Fused (``kernels=gelu``): the
+    projection runs without its bias and one Triton kernel each way reads its output in place,
+    adds the bias and, backward, sums the bias gradient (``kernels/geglu.py``); Inductor's
+    backward computed GELU's derivative for both halves of its gradient (0.30 ms a call at
+    64 × 64 latents: profile-sd-base-20261122-035033) and the bias gradient in a pass of its own
+    (0.07 ms: profile-sd-base-20261122-081837)."""
 
     fused_kind, fused_triton = "gelu", True
 
@@ -186,13 +234,18 @@ class GEGLU(nn.Module):
 
     def use_fused(self, on: bool) -> list[str]:
         self.fused = on
-        return ["GEGLU (h · gelu(gate)) in one Triton kernel each way"]
+        return ["GEGLU (bias, h · gelu(gate)) in one Triton kernel each way"]
+
+    def fp32_params(self) -> list[nn.Parameter]:
+        """What the fused path reads outside autocast's casts: the projection's bias, added in
+        fp32 in the kernel (bf16 master weights leave it fp32, techniques/optimizer.py)."""
+        return [self.proj.bias] if self.fused else []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
             from ..kernels.geglu import geglu
 
-            return geglu(self.proj(x))
+            return geglu(linear(self.proj, x, bias=False), self.proj.bias)
         h, gate = self.proj(x).chunk(2, dim=-1)
         return h * F.gelu(gate)
 
@@ -233,11 +286,13 @@ class TransformerBlock(nn.Module):
             return []
         return [a.to_out[0].bias for a in (self.attn1, self.attn2)]
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor, kv: Heads2 | None = None
+                ) -> torch.Tensor:
+        """``kv``: the text's keys and values for attn2, already projected (or None)."""
         fuse = self.norm2.takes_bias()
         a = self.attn1(self.norm1(x), proj_bias=not fuse)
         y, x = self.norm2.add(a, x, self.attn1.to_out[0].bias if fuse else None)
-        a = self.attn2(y, context, proj_bias=not fuse)
+        a = self.attn2(y, context, proj_bias=not fuse, kv=kv)
         y, x = self.norm3.add(a, x, self.attn2.to_out[0].bias if fuse else None)
         return x + self.ff(y)
 
@@ -252,11 +307,13 @@ class SpatialTransformer(nn.Module):
         self.transformer_blocks = nn.ModuleList([TransformerBlock(dim, heads, context)])
         self.proj_out = nn.Conv2d(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor,
+                kvs: Sequence[Heads2] | None = None) -> torch.Tensor:
+        """``kvs``: per transformer block, the text's keys and values already projected."""
         B, C, H, W = x.shape
         h = self.proj_in(self.norm(x)).permute(0, 2, 3, 1).reshape(B, H * W, C)
-        for blk in self.transformer_blocks:
-            h = blk(h, context)
+        for i, blk in enumerate(self.transformer_blocks):
+            h = blk(h, context, None if kvs is None else kvs[i])
         h = _same_format(h.reshape(B, H, W, C).permute(0, 3, 1, 2), x)
         return x + self.proj_out(h)
 
@@ -277,13 +334,14 @@ class DownBlock(nn.Module):
         self.attentions = _transformers(cfg, cout, cfg.layers, attn)
         self.downsamplers = nn.ModuleList([Downsample(cout)]) if down else None
 
-    def forward(self, x: torch.Tensor, temb: torch.Tensor,
-                context: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(self, x: torch.Tensor, temb: torch.Tensor, context: torch.Tensor,
+                cond: Conditioning = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         skips = []
+        embs, kvs = cond or (None, None)
         for i, resnet in enumerate(self.resnets):
-            x = resnet(x, temb)
+            x = resnet(x, temb, None if embs is None else embs[i])
             if self.attentions is not None:
-                x = self.attentions[i](x, context)
+                x = self.attentions[i](x, context, None if kvs is None else kvs[i])
             skips.append(x)
         if self.downsamplers is not None:
             x = self.downsamplers[0](x)
@@ -305,11 +363,13 @@ class UpBlock(nn.Module):
         self.upsamplers = nn.ModuleList([Upsample(cout)]) if up else None
 
     def forward(self, x: torch.Tensor, skips: tuple[torch.Tensor, ...], temb: torch.Tensor,
-                context: torch.Tensor) -> torch.Tensor:
+                context: torch.Tensor, cond: Conditioning = None) -> torch.Tensor:
+        embs, kvs = cond or (None, None)
         for i, resnet in enumerate(self.resnets):  # skips are consumed last-first
-            x = resnet(torch.cat([x, skips[-1 - i]], dim=1), temb)
+            x = resnet(torch.cat([x, skips[-1 - i]], dim=1), temb,
+                       None if embs is None else embs[i])
             if self.attentions is not None:
-                x = self.attentions[i](x, context)
+                x = self.attentions[i](x, context, None if kvs is None else kvs[i])
         return x if self.upsamplers is None else self.upsamplers[0](x)
 
 
@@ -321,13 +381,25 @@ class MidBlock(nn.Module):
         self.resnets = nn.ModuleList(ResnetBlock(ch, ch, temb, cfg.eps) for _ in range(2))
         self.attentions = _transformers(cfg, ch, 1, True)
 
-    def forward(self, x: torch.Tensor, temb: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        x = self.resnets[0](x, temb)
-        x = self.attentions[0](x, context)
-        return self.resnets[1](x, temb)
+    def forward(self, x: torch.Tensor, temb: torch.Tensor, context: torch.Tensor,
+                cond: Conditioning = None) -> torch.Tensor:
+        embs, kvs = cond or (None, None)
+        x = self.resnets[0](x, temb, None if embs is None else embs[0])
+        x = self.attentions[0](x, context, None if kvs is None else kvs[0])
+        return self.resnets[1](x, temb, None if embs is None else embs[1])
 
 
 class UNet(nn.Module):
+    """The denoiser. The time embedding's projections of every ResNet block (22 at SD v1) run as
+    one GEMM, and so do the text's key and value projections of every cross-attention (16 × 2),
+    where those layers are plain linears (``stacked``; float8 layers keep their own matmuls):
+    one GEMM of (8 × 1,280) by (20,160 × 1,280), where each of the 22 small ones and their two
+    backward GEMMs took 5-20 µs, most of it latency (profile-sd-base-20261122-081837). Each
+    block takes its share (``Conditioning``); the weights stay in their layers.
+    ``stacked = False`` leaves the projections to the blocks."""
+
+    stacked = True
+
     def __init__(self, cfg: UNetConfig):
         super().__init__()
         self.cfg = cfg
@@ -351,14 +423,35 @@ class UNet(nn.Module):
         """Predicted noise for ``sample`` (B, 4, h, w) at ``timesteps`` (B,) given the text."""
         t = timestep_embedding(timesteps, self.cfg.channels[0]).to(sample.dtype)
         temb = self.time_embedding(t)
+        cond = iter(self._conditioning(temb, context))
         x = self.conv_in(sample)
         skips = [x]
         for blk in self.down_blocks:
-            x, res = blk(x, temb, context)
+            x, res = blk(x, temb, context, next(cond))
             skips.extend(res)
-        x = self.mid_block(x, temb, context)
+        x = self.mid_block(x, temb, context, next(cond))
         for blk in self.up_blocks:
             n = len(blk.resnets)
-            x = blk(x, tuple(skips[-n:]), temb, context)
+            x = blk(x, tuple(skips[-n:]), temb, context, next(cond))
             skips = skips[:-n]
         return self.conv_out(self.conv_norm_out(x))
+
+    def _conditioning(self, temb: torch.Tensor, context: torch.Tensor) -> list[Conditioning]:
+        """Each block's ``Conditioning``, in the order the forward runs the blocks."""
+        blocks = [*self.down_blocks, self.mid_block, *self.up_blocks]
+        projs = [r.time_emb_proj for b in blocks for r in b.resnets]
+        attns = [[[tb.attn2 for tb in st.transformer_blocks] for st in (b.attentions or ())]
+                 for b in blocks]
+        text = [lin for per in attns for st in per for a in st for lin in (a.to_k, a.to_v)]
+        if not self.stacked or not (stackable(projs) or stackable(text)):
+            return [None] * len(blocks)
+        embs: list[list[torch.Tensor] | None] = [None] * len(blocks)
+        kvs: list[list[list[Heads2]] | None] = [None] * len(blocks)
+        if stackable(projs):
+            flat = iter(stacked(projs, F.silu(temb)))
+            embs = [[next(flat) for _ in b.resnets] for b in blocks]
+        if stackable(text):
+            flat = iter(stacked(text, context))
+            kvs = [[[a.text_heads(next(flat), next(flat)) for a in st] for st in per]
+                   for per in attns]
+        return [(e, k) for e, k in zip(embs, kvs)]
