@@ -79,10 +79,11 @@ def test_matches_adamw_with_clipping_and_ema(small_blocks, clip, decay, wd):
             torch.testing.assert_close(s, e, rtol=2e-6, atol=2e-6)
 
 
-def test_clip_norm_is_the_total_norm_of_the_gradients_present(small_blocks):
+def test_clip_norm_is_the_total_norm_of_the_gradients_present(small_blocks, monkeypatch):
     """The one-launch sums of squares against torch's total norm: fp32 and bf16 gradients (a
     bf16 one by its exact value), a weight without a gradient, one 4 bytes off 16-byte
-    alignment, and a chunk count (41) that leaves the last program part-empty."""
+    alignment, whole blocks and partial last ones."""
+    monkeypatch.setitem(adamw_module.NORM_LAUNCH, "block", 128)
     g = torch.Generator().manual_seed(5)
     store = torch.randn(1 + 130, generator=g)
     ws = [store[1:].detach().requires_grad_(),  # unaligned fp32
@@ -97,7 +98,7 @@ def test_clip_norm_is_the_total_norm_of_the_gradients_present(small_blocks):
             memory_format=torch.channels_last if w.dim() == 4 else torch.contiguous_format)
     grads = opt._grads()
     increments = opt._increments(grads)
-    assert opt._chunk_tensor.numel() == 41  # 3 + 33 + 3 + 2
+    assert opt._norm_tensor.numel() == 2 + 17 + 2 + 1
     got = opt._grad_norm(opt._upload(grads), increments)
     want = torch.nn.utils.get_total_norm([ws[0].grad, ws[1].grad.float(), ws[3].grad])
     torch.testing.assert_close(got, want, rtol=1e-6, atol=0)

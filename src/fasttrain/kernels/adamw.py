@@ -36,7 +36,7 @@ Numerics
     fp32 arithmetic in PyTorch's fused AdamW order (decoupled decay, then moments, then the
     bias-corrected update), clip factor ``min(1, max_norm / (norm + 1e-6))`` as
     ``clip_grad_norm_``, EMA as ``lerp_(w, 1 - decay)``. The norm's squares are summed in
-    fp32 per block of the step, those sums per program and the programs' by ``torch.sum``: a
+    fp32 per block of ``NORM_LAUNCH["block"]`` elements and the blocks' sums by ``torch.sum``: a
     different order from ``clip_grad_norm_``'s norm of per-tensor norms, the same norm within
     a few ulps, and the same bits for the same gradient values in fp32 or bf16. Bias corrections use ``exp2`` of the
     step times ``log2(beta)``: within an ulp or two of ``pow``.
@@ -79,19 +79,19 @@ LAUNCH = {"block": 1024, "warps": 4}
 1,024/2,048/4,096 on the H200 for SD, Llama-1B and ViT-B weights
 (kernels-micro-optimizer-20261121-0952)."""
 
-NORM_LAUNCH = {"chunks": 8, "warps": 4}
-"""The clip norm's sums of squares: each program sums 8 of the step kernel's blocks (8,192
-elements), so that a program reads more than 2 KB of bf16 gradient."""
+NORM_LAUNCH = {"block": 8192, "warps": 8}
+"""The clip norm's sums of squares: blocks of 8,192 elements a program (16 KB of bf16 gradient);
+at the step's 1,024, or 8 of those a program one after another, each program's chain of
+dependent table loads left it at 2.8 TB/s on SD (0.60 ms, profile-sd-base-20261122-094525)."""
 
 _WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
 _ALIGN = 16  # elements: each tensor's slice of the flat state starts on a 64-byte boundary
 _MAX_NUMEL = 2 ** 31 - 1 - 8192  # the kernel's in-tensor offsets are int32
 
 
-def _chunks(sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tensor index, first element) of every block of LAUNCH["block"] elements: the kernel's
+def _chunks(sizes: list[int], block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tensor index, first element) of every block of ``block`` elements: a kernel's
     programs."""
-    block = LAUNCH["block"]
     per = [-(-n // block) for n in sizes]
     tensor = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(per))
     start = torch.cat([torch.arange(k) * block for k in per])
@@ -168,7 +168,10 @@ class FlatAdamW(torch.optim.Optimizer):
         for n in sizes:
             offsets.append(total)
             total += -(-n // _ALIGN) * _ALIGN
-        self._chunk_tensor, self._chunk_start = (t.to(device) for t in _chunks(sizes))
+        self._chunk_tensor, self._chunk_start = (t.to(device)
+                                                 for t in _chunks(sizes, LAUNCH["block"]))
+        self._norm_tensor, self._norm_start = (t.to(device)
+                                               for t in _chunks(sizes, NORM_LAUNCH["block"]))
         self._numel = torch.tensor(sizes, dtype=torch.int32, device=device)
         self._offsets = torch.tensor(offsets, dtype=torch.int64, device=device)
         self._exp_avg = torch.zeros(total, dtype=torch.float32, device=device)
@@ -321,17 +324,16 @@ class FlatAdamW(torch.optim.Optimizer):
 
     def _grad_norm(self, table: torch.Tensor, increments: torch.Tensor) -> torch.Tensor:
         """``clip_grad_norm_``'s total 2-norm of the gradients in ``table``: one launch of fp32
-        sums of squares over the step's blocks (bf16 gradients: of their exact values, as
+        sums of squares over blocks of ``NORM_LAUNCH["block"]`` elements (bf16 gradients: of their exact values, as
         autocast's fp32 gradients would give), a sum of those partials, its square root."""
-        chunks = self._chunk_tensor.numel()
-        progs = triton.cdiv(chunks, NORM_LAUNCH["chunks"])
-        if self._partials is None or self._partials.numel() != progs:
-            self._partials = torch.empty(progs, dtype=torch.float32, device=self.device)
-        _grad_sumsq[(progs,)](
-            table, len(self.params), chunks, self._chunk_tensor, self._chunk_start, self._numel,
+        chunks = self._norm_tensor.numel()
+        if self._partials is None:
+            self._partials = torch.empty(chunks, dtype=torch.float32, device=self.device)
+        _grad_sumsq[(chunks,)](
+            table, len(self.params), self._norm_tensor, self._norm_start, self._numel,
             increments, self._partials, self._exp_avg, self._anchor,
-            HALF=self._master is not None, CHUNKS=NORM_LAUNCH["chunks"],
-            BLOCK=LAUNCH["block"], num_warps=NORM_LAUNCH["warps"])
+            HALF=self._master is not None, BLOCK=NORM_LAUNCH["block"],
+            num_warps=NORM_LAUNCH["warps"])
         return self._partials.sum().sqrt()
 
     @torch.no_grad()

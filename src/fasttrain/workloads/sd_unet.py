@@ -212,8 +212,11 @@ class Attention(nn.Module):
         return self._heads(k, 1)[0], self._heads(v, 1)[0]
 
     def _heads(self, y: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
-        """(B, T, n·C) → n views (B, heads, T, D)."""
+        """(B, T, n·C) → n views (B, heads, T, D). One is a view without ``unbind``, whose
+        backward (a ``stack``) would copy its gradient."""
         B, T, _ = y.shape
+        if n == 1:
+            return (y.view(B, T, self.heads, -1).transpose(1, 2),)
         return y.view(B, T, n, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
 
 
