@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One H200: `fasttrain train` of the working tree against an older copy of its src/ (OLD_SRC,
+# e.g. `git archive OLD src | tar -x -C out/old`), runs new, old, old, new, with the same
+# WORKLOAD and PRESET, their git_sha set from NEW_SHA and OLD_SHA. Both sides (and the GPU
+# tests of GPU_TESTS, a pytest -k expression) compile once side by side first, so the four
+# measured runs start from warm Inductor caches. The rows land in $OUT/train-WORKLOAD.jsonl.
+#   OLD_SRC=out/old/src OLD_SHA=34e962a NEW_SHA=bd32fe7 bash benchmarks/h200_src_ab.sh
+LANE_BUDGET=${LANE_BUDGET:-585}
+. "$(dirname "$0")/lanes.sh"
+W=${WORKLOAD:-sd}
+P=${PRESET:-benchmarks/results/presets/sd-base-layernorm.toml}
+OLD_SRC=${OLD_SRC:-out/old/src}
+WARM="python3 -m fasttrain train $W --size base --steps 2 --warmup 1 --recipe $P"
+( export FASTTRAIN_CACHE=/tmp/ftcache0
+  [ -n "${GPU_TESTS:-}" ] && timeout 330 python3 -m pytest -q -m gpu tests/test_gpu.py \
+    -k "$GPU_TESTS" --tb=short > "$OUT/gpu-tests.txt" 2>&1 &
+  PYTHONPATH=$OLD_SRC timeout 330 $WARM > "$OUT/warm-old.out" 2>&1 &
+  timeout 330 $WARM > "$OUT/warm-new.out" 2>&1 &
+  wait )
+echo "compiled after $(( $(date +%s) - LANE_END + LANE_BUDGET )) s"
+[ -n "${GPU_TESTS:-}" ] && tail -3 "$OUT/gpu-tests.txt"
+T="$TRAIN_CMD $W --recipe $P"
+NEW="FASTTRAIN_GIT_SHA=${NEW_SHA:-new}" OLD="FASTTRAIN_GIT_SHA=${OLD_SHA:-old} PYTHONPATH=$OLD_SRC"
+lane 0 0-15 "$NEW $T > $OUT/run-0-$W.out" "$OLD $T > $OUT/run-1-$W.out" \
+  "$OLD $T > $OUT/run-2-$W.out" "$NEW $T > $OUT/run-3-$W.out"
+finish_lanes
+grep '^==' "$OUT/lanes.log"
+python3 benchmarks/train_rows.py "$OUT"
