@@ -25,7 +25,8 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="sd")
-    ap.add_argument("--blocks", default="1024,2048,4096,8192,16384")
+    ap.add_argument("--blocks", default="1024x1,1024x4,1024x8,2048x4,8192x1",
+                    help="NORM_LAUNCH variants, BLOCKxCHUNKS (chunks a program), comma-separated")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     wl = load_workload(args.workload, "base")
@@ -76,14 +77,15 @@ def main() -> int:
     row("torch multi-tensor norm", torch_norm)
     default = dict(adamw.NORM_LAUNCH)
     try:
-        for block in (int(b) for b in args.blocks.split(",")):
-            adamw.NORM_LAUNCH.update(block=block, warps=4 if block <= 2048 else 8)
+        for variant in args.blocks.split(","):
+            block, chunks = (int(v) for v in variant.split("x"))
+            adamw.NORM_LAUNCH.update(block=block, chunks=chunks, warps=4 if block <= 2048 else 8)
             masters = [w.detach().float() if w.dtype == torch.bfloat16 else None
                        for w in weights]
             opt = adamw.FlatAdamW(weights, lr=1e-4, max_grad_norm=1.0, masters=masters)
             present = opt._grads()
             table, inc = opt._upload(present), opt._increments(present)
-            row(f"one launch, block {block} x {adamw.NORM_LAUNCH['warps']} warps",
+            row(f"one launch, {chunks} x {block} a program, {adamw.NORM_LAUNCH['warps']} warps",
                 lambda: opt._grad_norm(table, inc))
             opt = masters = None  # the state's memory back before the next block size
             torch.cuda.empty_cache()

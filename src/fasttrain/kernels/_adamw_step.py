@@ -128,29 +128,33 @@ def _sumsq(ptr, offs, whole, mask, VEC: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _grad_sumsq(table_ptr, n_tensors, chunk_tensor_ptr, chunk_start_ptr, numel_ptr, have_ptr,
-                out_ptr, f32_ptr, half_ptr, HALF: tl.constexpr, BLOCK: tl.constexpr):
-    """Program c: the fp32 sum of squares of the gradient's elements in chunk c of a chunk
-    table of BLOCK-element blocks, into out[c] (0 for a tensor without a gradient). Gradients
-    are addressed as in ``_adamw_step``."""
-    c = tl.program_id(0)
-    t = tl.load(chunk_tensor_ptr + c)
+def _grad_sumsq(table_ptr, n_tensors, n_chunks, chunk_tensor_ptr, chunk_start_ptr, numel_ptr,
+                have_ptr, out_ptr, f32_ptr, half_ptr, HALF: tl.constexpr, CHUNKS: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """Program p: the fp32 sum of squares of the gradients' elements in chunks p·CHUNKS …
+    (p + 1)·CHUNKS of a chunk table of BLOCK-element blocks, into out[p] (0 for a tensor
+    without a gradient). Gradients are addressed as in ``_adamw_step``."""
+    p = tl.program_id(0)
     acc = tl.cast(0.0, tl.float32)
-    if tl.load(have_ptr + t) != 0:
-        start = tl.load(chunk_start_ptr + c)
-        n = tl.load(numel_ptr + t)
-        idx = tl.arange(0, BLOCK)
-        offs = tl.load(table_ptr + n_tensors + t) + start + idx
-        whole = (start + BLOCK <= n) & (tl.load(table_ptr + 2 * n_tensors + t) != 0)
-        mask = start + idx < n
-        half = False
-        if HALF:
-            half = tl.load(table_ptr + 3 * n_tensors + t) != 0
-        if half:
-            acc = _sumsq(half_ptr, offs, whole, mask, 8, BLOCK)
-        else:
-            acc = _sumsq(f32_ptr, offs, whole, mask, 4, BLOCK)
-    tl.store(out_ptr + c, acc)
+    idx = tl.arange(0, BLOCK)
+    for k in tl.static_range(CHUNKS):
+        c = p * CHUNKS + k
+        if c < n_chunks:
+            t = tl.load(chunk_tensor_ptr + c)
+            if tl.load(have_ptr + t) != 0:
+                start = tl.load(chunk_start_ptr + c)
+                n = tl.load(numel_ptr + t)
+                offs = tl.load(table_ptr + n_tensors + t) + start + idx
+                whole = (start + BLOCK <= n) & (tl.load(table_ptr + 2 * n_tensors + t) != 0)
+                mask = start + idx < n
+                half = False
+                if HALF:
+                    half = tl.load(table_ptr + 3 * n_tensors + t) != 0
+                if half:
+                    acc += _sumsq(half_ptr, offs, whole, mask, 8, BLOCK)
+                else:
+                    acc += _sumsq(f32_ptr, offs, whole, mask, 4, BLOCK)
+    tl.store(out_ptr + p, acc)
 
 
 @triton.jit
