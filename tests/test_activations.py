@@ -1,6 +1,7 @@
 """Fused bias + GELU, SwiGLU and GEGLU Triton kernels against plain-PyTorch references, run on CPU
 through the Triton interpreter: outputs and every gradient, odd shapes, non-contiguous inputs,
 bad input, and torch.compile without graph breaks."""
+import math
 import re
 
 import pytest
@@ -15,6 +16,7 @@ with kernels_interpreted():
     from fasttrain.kernels import activations
     from fasttrain.kernels.activations import (bias_gelu, bias_gelu_reference, swiglu,
                                                swiglu_reference)
+    from fasttrain.kernels import geglu as geglu_module
     from fasttrain.kernels.geglu import geglu, geglu_reference
 
 
@@ -147,11 +149,19 @@ def test_swiglu_non_contiguous_inputs_and_expanded_gradient():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-def test_geglu_matches_reference_output_and_gradient(approximate, dtype, shape, bias):
+def test_geglu_matches_reference_output_and_gradient(approximate, dtype, shape, bias,
+                                                     monkeypatch):
     """h · gelu(gate) from the two halves of x (+ bias)'s last dim: odd widths (one column a
     tile), widths of a few tiles, SD's 1,280; the gradient lands in both halves of dx, and the
-    fp32 bias's in both of its halves (summed over rows that span several row tiles and
-    programs: 5 × 3 rows of 98 columns walk 7 row tiles)."""
+    fp32 bias's in both of its halves. The backward's tiles are made 4 rows × 16 columns, so
+    that a program walks several row tiles and sums the bias across them (15 rows: 4 tiles, 7
+    rows: 2; checked below)."""
+    monkeypatch.setitem(geglu_module.GEGLU, "bwd_elements", 64)
+    monkeypatch.setitem(geglu_module.GEGLU, "bwd_block_d", 16)
+    rows = math.prod(shape[:-1])
+    progs, _, per, block_r, _ = geglu_module._geglu_bwd_grid(torch.device("cpu"), rows,
+                                                             shape[-1] // 2)
+    assert per > block_r or rows <= block_r  # several row tiles a program where rows allow
     g = torch.Generator().manual_seed(0)
     x = (2 * torch.randn(shape, generator=g)).to(dtype)
     b = torch.randn(shape[-1], generator=g) if bias else None
@@ -171,7 +181,6 @@ def test_geglu_matches_reference_output_and_gradient(approximate, dtype, shape, 
         assert db.dtype == torch.float32
         # fp32 sums of the unrounded dx against the reference's fp32 dx: at dx's tolerance
         # times the square root of the rows summed
-        rows = x.numel() // shape[-1]
         tol = {k: v * rows ** 0.5 for k, v in TOL[dtype].items()}
         torch.testing.assert_close(db, ref_db, **tol)
 

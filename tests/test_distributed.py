@@ -54,6 +54,16 @@ def test_two_processes_match_one_on_the_same_global_batch(single, mode):
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(single), rtol=1e-5, atol=0)
 
 
+def test_sd_under_fsdp2_matches_one_process():
+    """SD's UNet under zero3: its stages are sharded, so the UNet's stacked time and text
+    projections (computed before any stage's forward gathers its weights) go back to the blocks,
+    and two processes train as one does."""
+    args = ("sd", "--steps", "2", "--set", "batch=4")
+    single = _losses(_train(*args))
+    losses = _losses(_train(*args, "--set", "sharding=zero3", nproc=2))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(single), rtol=1e-5, atol=0)
+
+
 @pytest.mark.parametrize("mode", ["ddp", "zero2"])
 def test_accumulation_reduces_once_and_still_matches_one_process(mode):
     one = _losses(_train("llama", "--steps", "3", "--set", "batch=8", "--set", "accumulation=2"))

@@ -6,10 +6,11 @@ What is fused
     AdamW kernels and a multi-tensor lerp for the EMA: each a pass over memory, several launches
     each (a multi-tensor launch covers ~100 tensors). Per parameter that is 52 bytes of traffic
     (norm 4; clip 8; AdamW 28; EMA 12). Here the norm is one launch of sums of squares over the
-    same table (4 bytes; 19% faster than PyTorch's multi-tensor norm on SD's and Llama's
-    gradients, ``NORM_LAUNCH``), and everything else is one launch that reads the gradient, the weight, both moments and the
-    EMA once and writes weight, moments and EMA once (36 bytes; 40 a weight in all); the clip
-    factor is applied to the gradient in registers, so the gradients are not rewritten.
+    same table (4 bytes, 2 for a bf16 gradient; 19% less time than PyTorch's multi-tensor norm
+    on SD's and Llama's gradients, ``NORM_LAUNCH``), and everything else is one launch that
+    reads the gradient, the weight, both moments and the EMA once and writes weight, moments
+    and EMA once (36 bytes; 40 a weight in all); the clip factor is applied to the gradient in
+    registers, so the gradients are not rewritten.
 
     The kernel reaches every tensor through a table of where it is (weights and gradients live
     wherever the model and autograd put them), kept as element offsets from the flat state
@@ -36,10 +37,10 @@ Numerics
     fp32 arithmetic in PyTorch's fused AdamW order (decoupled decay, then moments, then the
     bias-corrected update), clip factor ``min(1, max_norm / (norm + 1e-6))`` as
     ``clip_grad_norm_``, EMA as ``lerp_(w, 1 - decay)``. The norm's squares are summed in
-    fp32 per block of ``NORM_LAUNCH["block"]`` elements and the blocks' sums by ``torch.sum``: a
-    different order from ``clip_grad_norm_``'s norm of per-tensor norms, the same norm within
-    a few ulps, and the same bits for the same gradient values in fp32 or bf16. Bias corrections use ``exp2`` of the
-    step times ``log2(beta)``: within an ulp or two of ``pow``.
+    fp32 per program (``NORM_LAUNCH``) and the programs' sums by ``torch.sum``: a different
+    order from ``clip_grad_norm_``'s norm of per-tensor norms, the same norm within a few
+    ulps. Bias corrections use ``exp2`` of the step times ``log2(beta)``: within an ulp or two
+    of ``pow``.
 
 bf16 weights with fp32 masters
     A bf16 weight (``master_weights`` under bf16-mixed: the weights autocast would cast) gets
@@ -325,8 +326,8 @@ class FlatAdamW(torch.optim.Optimizer):
 
     def _grad_norm(self, table: torch.Tensor, increments: torch.Tensor) -> torch.Tensor:
         """``clip_grad_norm_``'s total 2-norm of the gradients in ``table``: one launch of fp32
-        sums of squares over blocks of ``NORM_LAUNCH["block"]`` elements (bf16 gradients: of their exact values, as
-        autocast's fp32 gradients would give), a sum of those partials, its square root."""
+        sums of squares over ``NORM_LAUNCH``'s blocks (bf16 gradients: of their exact values,
+        as autocast's fp32 gradients would give), a sum of those partials, its square root."""
         chunks = self._norm_tensor.numel()
         progs = triton.cdiv(chunks, NORM_LAUNCH["chunks"])
         if self._partials is None or self._partials.numel() != progs:

@@ -22,11 +22,18 @@ def linear(layer: nn.Linear, x: torch.Tensor, bias: bool = True) -> torch.Tensor
     return F.linear(x, layer.weight)
 
 
+def _plain(p: torch.Tensor | None) -> bool:
+    """A parameter held as a plain tensor: not a tensor subclass such as FSDP2's sharded
+    DTensor, which only its own module's forward gathers."""
+    return p is None or type(p) in (torch.Tensor, nn.Parameter)
+
+
 def stackable(layers: Sequence[nn.Module]) -> bool:
     """Whether ``layers`` can run as one GEMM: two or more plain ``nn.Linear`` (not a subclass
     another technique swapped in, such as fp8's) with the same input width, all with a bias or
-    none."""
+    none, their weights plain tensors (not FSDP2's shards, outside their module's forward)."""
     return (len(layers) > 1 and all(type(m) is nn.Linear for m in layers)
+            and all(_plain(m.weight) and _plain(m.bias) for m in layers)
             and len({m.in_features for m in layers}) == 1
             and len({m.bias is None for m in layers}) == 1)
 

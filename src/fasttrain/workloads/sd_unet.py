@@ -395,7 +395,8 @@ class MidBlock(nn.Module):
 class UNet(nn.Module):
     """The denoiser. The time embedding's projections of every ResNet block (22 at SD v1) run as
     one GEMM, and so do the text's key and value projections of every cross-attention (16 × 2),
-    where those layers are plain linears (``stacked``; float8 layers keep their own matmuls):
+    where those layers are plain linears (``stacked``; float8 layers keep their own matmuls,
+    and FSDP2's sharded ones are left to the blocks, whose forward gathers them):
     one GEMM of (8 × 1,280) by (20,160 × 1,280), where each of the 22 small ones and their two
     backward GEMMs took 5-20 µs, most of it latency (profile-sd-base-20261122-081837). Each
     block takes its share (``Conditioning``); the weights stay in their layers.
