@@ -327,7 +327,7 @@ def test_recipe_master_weights_under_bf16_mixed_keep_autocast_s_losses_bit_for_b
     # SD with the GroupNorm kernels: conv1's bias is read by norm2's kernels outside autocast,
     # so it stays fp32 (ResnetBlock.fp32_params), as fc1's bias does under kernels=gelu.
     # SD was bit for bit until its attention projections became one GEMM over concatenated
-    # weights (sd_unet.Attention); since, the first two losses still agree exactly and the
+    # weights (sd_transformer.Attention); since, the first two losses still agree exactly and the
     # third differs by ~5e-4 relative. One attention layer's output and gradients under
     # autocast are bit-identical with fp32 or bf16 weights; the cause is not found yet.
     for name, extra in (("vit", {}), ("llama", {}),

@@ -206,7 +206,7 @@ def test_regional_blocks_are_the_whole_vae_encoder_then_the_repeated_blocks():
 def test_stacked_projections_compute_the_separate_ones(monkeypatch, context):
     """q, k, v (or the text's k, v) from one GEMM over stacked weights: the same outputs and
     gradients as one GEMM each, and a layer another technique replaced keeps its own call."""
-    from fasttrain.workloads.sd_unet import Attention
+    from fasttrain.workloads.sd_transformer import Attention
 
     torch.manual_seed(0)
     attn = Attention(16, 2, context)
@@ -272,7 +272,8 @@ def test_unet_runs_the_time_and_text_projections_as_one_gemm_each(monkeypatch):
     every cross-attention, from one GEMM each: the same loss and gradients as the blocks' own
     projections, and none of those layers is called on its own; a layer another technique
     replaced sends its kind back to the blocks."""
-    from fasttrain.workloads.sd_unet import Attention, UNet
+    from fasttrain.workloads.sd_transformer import Attention
+    from fasttrain.workloads.sd_unet import UNet
 
     wl = make("tiny")
     torch.manual_seed(0)
