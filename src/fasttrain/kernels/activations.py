@@ -329,13 +329,21 @@ def _check_bias_gelu(x: torch.Tensor, bias: Optional[torch.Tensor], approximate:
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"x needs a non-empty last dim, got shape {tuple(x.shape)}")
     d = x.shape[-1]
-    if bias is not None:
-        if bias.shape != (d,):
-            raise ValueError(f"bias shape {tuple(bias.shape)} does not match x's last dim ({d})")
-        if bias.dtype not in _DTYPES or bias.device != x.device:
-            raise ValueError(f"bias must be a float tensor on {x.device}, "
-                             f"got {bias.dtype} on {bias.device}")
+    _check_bias(bias, x)
     return d
+
+
+def _check_bias(bias: Optional[torch.Tensor], x: torch.Tensor) -> None:
+    """A one-line ValueError unless bias is None or a float vector of x's last dim on x's
+    device."""
+    if bias is None:
+        return
+    d = x.shape[-1]
+    if bias.shape != (d,):
+        raise ValueError(f"bias shape {tuple(bias.shape)} does not match x's last dim ({d})")
+    if bias.dtype not in _DTYPES or bias.device != x.device:
+        raise ValueError(f"bias must be a float tensor on {x.device}, "
+                         f"got {bias.dtype} on {bias.device}")
 
 
 def bias_gelu(x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str = "none"

@@ -172,8 +172,9 @@ class FlatAdamW(torch.optim.Optimizer):
             total += -(-n // _ALIGN) * _ALIGN
         self._chunk_tensor, self._chunk_start = (t.to(device)
                                                  for t in _chunks(sizes, LAUNCH["block"]))
-        self._norm_tensor, self._norm_start = (t.to(device)
-                                               for t in _chunks(sizes, NORM_LAUNCH["block"]))
+        self._norm_tensor, self._norm_start = (
+            (self._chunk_tensor, self._chunk_start) if NORM_LAUNCH["block"] == LAUNCH["block"]
+            else (t.to(device) for t in _chunks(sizes, NORM_LAUNCH["block"])))  # the same blocks
         self._numel = torch.tensor(sizes, dtype=torch.int32, device=device)
         self._offsets = torch.tensor(offsets, dtype=torch.int64, device=device)
         self._exp_avg = torch.zeros(total, dtype=torch.float32, device=device)

@@ -33,21 +33,13 @@ import triton
 import triton.language as tl
 
 from ._triton import launch, op, sum0
-from .activations import _APPROXIMATE, _DTYPES, _check_float, _gelu_and_grad, _grid_persistent
+from .activations import (_APPROXIMATE, _bias_row, _check_bias, _check_float, _gelu_and_grad,
+                          _grid_persistent)
 
 __all__ = ["GEGLU", "geglu", "geglu_reference"]
 
 
 # ----------------------------------------------------------------------------- kernels
-
-@triton.jit
-def _bias_half(b_ptr, cols, cmask, HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The fp32 bias row of ``cols`` (0 without a bias)."""
-    if HAS_BIAS:
-        return tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    else:
-        return tl.full((1, BLOCK_D), 0.0, tl.float32)
-
 
 @triton.jit
 def _geglu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, D, HAS_BIAS: tl.constexpr,
@@ -60,9 +52,9 @@ def _geglu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, D, HAS_BIAS: tl.constexpr,
     mask = (rows < n_rows)[:, None] & cmask[None, :]
     xo = rows[:, None] * (2 * D) + cols[None, :]
     h = tl.load(x_ptr + xo, mask=mask, other=0.0).to(tl.float32) \
-        + _bias_half(b_ptr, cols, cmask, HAS_BIAS, BLOCK_D)
+        + _bias_row(b_ptr, cols, cmask, HAS_BIAS, BLOCK_D)  # the bias of h, then of the gate
     g = tl.load(x_ptr + xo + D, mask=mask, other=0.0).to(tl.float32) \
-        + _bias_half(b_ptr + D, cols, cmask, HAS_BIAS, BLOCK_D)
+        + _bias_row(b_ptr + D, cols, cmask, HAS_BIAS, BLOCK_D)
     act, _ = _gelu_and_grad(g, TANH)
     tl.store(y_ptr + rows[:, None] * D + cols[None, :], (h * act).to(y_ptr.dtype.element_ty),
              mask=mask)
@@ -78,8 +70,8 @@ def _geglu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, db_ptr, n_rows, D, rows_per_
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
-    bh = _bias_half(b_ptr, cols, cmask, HAS_BIAS, BLOCK_D)
-    bg = _bias_half(b_ptr + D, cols, cmask, HAS_BIAS, BLOCK_D)
+    bh = _bias_row(b_ptr, cols, cmask, HAS_BIAS, BLOCK_D)
+    bg = _bias_row(b_ptr + D, cols, cmask, HAS_BIAS, BLOCK_D)
     dbh = tl.full((BLOCK_R, BLOCK_D), 0.0, tl.float32)
     dbg = tl.full((BLOCK_R, BLOCK_D), 0.0, tl.float32)
     start = pid.to(tl.int64) * rows_per_prog
@@ -205,15 +197,9 @@ def geglu(x: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str
         raise ValueError(f"x needs an even, non-empty last dim (h and gate side by side), got "
                          f"shape {tuple(x.shape)}")
     two_d = x.shape[-1]
-    if bias is not None:
-        if bias.shape != (two_d,):
-            raise ValueError(f"bias shape {tuple(bias.shape)} does not match x's last dim "
-                             f"({two_d})")
-        if bias.dtype not in _DTYPES or bias.device != x.device:
-            raise ValueError(f"bias must be a float tensor on {x.device}, "
-                             f"got {bias.dtype} on {bias.device}")
-        bias = bias.contiguous()
-    y = torch.ops.fasttrain.geglu_fwd(x.reshape(-1, two_d).contiguous(), bias, approximate)
+    _check_bias(bias, x)
+    b = None if bias is None else bias.contiguous()
+    y = torch.ops.fasttrain.geglu_fwd(x.reshape(-1, two_d).contiguous(), b, approximate)
     return y.view(*x.shape[:-1], two_d // 2)
 
 

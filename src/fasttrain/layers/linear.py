@@ -38,6 +38,13 @@ def stackable(layers: Sequence[nn.Module]) -> bool:
             and len({m.bias is None for m in layers}) == 1)
 
 
+def stacked_params(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``stackable`` layers' weights (and biases) concatenated along their outputs: one
+    linear layer's (weight, bias) whose output is theirs side by side."""
+    bias = None if layers[0].bias is None else torch.cat([m.bias for m in layers])
+    return torch.cat([m.weight for m in layers]), bias
+
+
 def stacked(layers: Sequence[nn.Linear], x: torch.Tensor) -> list[torch.Tensor]:
     """``[m(x) for m in layers]``, from one GEMM over the layers' concatenated weights (and
     biases) where they are ``stackable``: one launch forward, one for the weights' gradient and
@@ -45,6 +52,5 @@ def stacked(layers: Sequence[nn.Linear], x: torch.Tensor) -> list[torch.Tensor]:
     column slices of the one result. The weights stay the layers' own parameters."""
     if not stackable(layers):
         return [m(x) for m in layers]
-    weight = torch.cat([m.weight for m in layers])
-    bias = None if layers[0].bias is None else torch.cat([m.bias for m in layers])
-    return list(F.linear(x, weight, bias).split([m.out_features for m in layers], dim=-1))
+    y = F.linear(x, *stacked_params(layers))
+    return list(y.split([m.out_features for m in layers], dim=-1))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import attention
-from ..layers.linear import linear
+from ..layers.linear import linear, stackable, stacked_params
 from ..layers.norm import LayerNorm
 
 Heads2 = tuple[torch.Tensor, torch.Tensor]
@@ -54,8 +54,8 @@ class Attention(nn.Module):
 
     def _project(self, x: torch.Tensor, *layers: nn.Linear) -> tuple[torch.Tensor, ...]:
         """Each layer's output as (B, heads, T, D), from one GEMM where all are plain."""
-        if self.stacked and len(layers) > 1 and all(type(m) is nn.Linear for m in layers):
-            return self._heads(F.linear(x, torch.cat([m.weight for m in layers])), len(layers))
+        if self.stacked and stackable(layers):
+            return self._heads(F.linear(x, *stacked_params(layers)), len(layers))
         return tuple(h for m in layers for h in self._heads(m(x), 1))
 
     def text_heads(self, k: torch.Tensor, v: torch.Tensor) -> Heads2:

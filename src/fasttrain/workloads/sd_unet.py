@@ -310,14 +310,12 @@ class UNet(nn.Module):
         attns = [[[tb.attn2 for tb in st.transformer_blocks] for st in (b.attentions or ())]
                  for b in blocks]
         text = [lin for per in attns for st in per for a in st for lin in (a.to_k, a.to_v)]
-        if not self.stacked or not (stackable(projs) or stackable(text)):
-            return [None] * len(blocks)
         embs: list[list[torch.Tensor] | None] = [None] * len(blocks)
         kvs: list[list[list[Heads2]] | None] = [None] * len(blocks)
-        if stackable(projs):
+        if self.stacked and stackable(projs):
             flat = iter(stacked(projs, F.silu(temb)))
             embs = [[next(flat) for _ in b.resnets] for b in blocks]
-        if stackable(text):
+        if self.stacked and stackable(text):
             flat = iter(stacked(text, context))
             kvs = [[[a.text_heads(next(flat), next(flat)) for a in st] for st in per]
                    for per in attns]
