@@ -254,17 +254,43 @@ def test_upsample_sums_the_gradient_of_each_2x2_block(channels_last):
     x = torch.randn(2, 3, 5, 4)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    dy = torch.randn(2, 3, 10, 8)
     want_x = x.clone().requires_grad_(True)
     want = F.interpolate(want_x, scale_factor=2.0, mode="nearest")
+    dy = torch.randn(2, 3, 10, 8)
     want.backward(dy)
     for fn in (upsample_nearest2x, torch.compile(upsample_nearest2x, fullgraph=True)):
-        xi = x.clone().requires_grad_(True)
-        y = fn(xi)
+        for g in (dy, dy.contiguous(memory_format=torch.channels_last)):
+            xi = x.clone().requires_grad_(True)
+            y = fn(xi)
+            y.backward(g)
+            torch.testing.assert_close(y, want, rtol=0, atol=0)
+            torch.testing.assert_close(xi.grad, want_x.grad, rtol=1e-6, atol=1e-6)
+            assert y.is_contiguous(memory_format=torch.channels_last) == channels_last
+            # the gradient in x's layout, so the convolution before it need not copy it
+            assert xi.grad.is_contiguous(memory_format=torch.channels_last) == channels_last
+
+
+@pytest.mark.parametrize("formats", [(True, True), (True, False), (False, False)])
+def test_skip_concatenation_hands_back_dense_gradients(formats):
+    """The up blocks' concatenation with a skip connection: torch.cat's values both ways, and
+    each input's gradient dense in that input's memory format (not a channel slice of the
+    concatenation's gradient), eager and compiled."""
+    from fasttrain.workloads.sd_unet import cat_channels
+
+    torch.manual_seed(0)
+    fmt = {True: torch.channels_last, False: torch.contiguous_format}
+    a = torch.randn(2, 3, 4, 5).contiguous(memory_format=fmt[formats[0]])
+    b = torch.randn(2, 6, 4, 5).contiguous(memory_format=fmt[formats[1]])
+    dy = torch.randn(2, 9, 4, 5).contiguous(memory_format=torch.channels_last)
+    for fn in (cat_channels, torch.compile(cat_channels, fullgraph=True)):
+        ai, bi = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+        y = fn(ai, bi)
+        torch.testing.assert_close(y, torch.cat([a, b], dim=1), rtol=0, atol=0)
         y.backward(dy)
-        torch.testing.assert_close(y, want, rtol=0, atol=0)
-        torch.testing.assert_close(xi.grad, want_x.grad, rtol=1e-6, atol=1e-6)
-        assert y.is_contiguous(memory_format=torch.channels_last) == channels_last
+        torch.testing.assert_close(ai.grad, dy[:, :3], rtol=0, atol=0)
+        torch.testing.assert_close(bi.grad, dy[:, 3:], rtol=0, atol=0)
+        for grad, cl in zip((ai.grad, bi.grad), formats):
+            assert grad.is_contiguous(memory_format=fmt[cl])
 
 
 def test_unet_runs_the_time_and_text_projections_as_one_gemm_each(monkeypatch):

@@ -49,10 +49,20 @@ def timestep_embedding(timesteps: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 
+def _channels_last(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a dense channels-last (NHWC) tensor rather than a contiguous one."""
+    return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def _dense(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """``x`` contiguous in NHWC (``channels_last``) or NCHW order; a copy only where it is not."""
+    return x.contiguous(memory_format=torch.channels_last if channels_last
+                        else torch.contiguous_format)
+
+
 def _same_format(h: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``h`` contiguous in ``like``'s memory format (channels_last stays channels_last)."""
-    cl = not like.is_contiguous() and like.is_contiguous(memory_format=torch.channels_last)
-    return h.contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
+    return _dense(h, _channels_last(like))
 
 
 class TimestepEmbedding(nn.Module):
@@ -136,16 +146,50 @@ class _Nearest2x(torch.autograd.Function):
     block of the gradient as a reduction over a view. Autograd's own backward scatters the
     gradient with an accumulating ``index_put`` into zeros, which Inductor compiles to atomic
     adds (0.33 ms of SD's step for 3 upsamplers, a tenth of it at the copy ceiling:
-    profile-sd-base-20261122-081837)."""
+    profile-sd-base-20261122-081837). The sum is laid out as x is: a reduction's result is
+    NCHW, and the channels-last convolutions before an upsampler copied their NCHW gradient to
+    NHWC inside ``convolution_backward`` (three copies of 8 × 640 × 32 × 32 and three of
+    8 × 1,280 × 16 × 16 a step, 0.18 ms: copy-probe-sd-20261122-1135)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.channels_last = _channels_last(x)
         return F.interpolate(x, scale_factor=2.0, mode="nearest")
 
     @staticmethod
     def backward(ctx, g: torch.Tensor) -> torch.Tensor:
-        H, W = g.shape[2] // 2, g.shape[3] // 2
+        B, C, H, W = g.shape[0], g.shape[1], g.shape[2] // 2, g.shape[3] // 2
+        if ctx.channels_last:  # (B, 2H, 2W, C) → (B, H, 2, W, 2, C): the sum comes out NHWC
+            g = _dense(g, True).permute(0, 2, 3, 1).reshape(B, H, 2, W, 2, C)
+            return g.sum((2, 4)).permute(0, 3, 1, 2)
         return g.unflatten(3, (W, 2)).unflatten(2, (H, 2)).sum((3, 5))
+
+
+class _CatChannels(torch.autograd.Function):
+    """``torch.cat([a, b], dim=1)`` whose backward hands each input a dense gradient in its own
+    memory format. Autograd's gives channel slices of the concatenation's gradient; a slice of
+    an NHWC tensor is not dense, and every consumer copied it on its own: the ResNet's
+    convolutions before the concatenation inside ``convolution_backward`` (its
+    ``contiguous()``), the blocks across a compiled region's edge in AOTAutograd's check of
+    their incoming gradients (0.39 ms of copies a step in all: copy-probe-sd-20261122-1135).
+    Here the slices are made dense where the gradient is computed, once, which Inductor can
+    fold into the kernel that computes them."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.split, ctx.formats = a.shape[1], (_channels_last(a), _channels_last(b))
+        return torch.cat([a, b], dim=1)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n, (fa, fb) = ctx.split, ctx.formats
+        return _dense(g[:, :n], fa), _dense(g[:, n:], fb)
+
+
+def cat_channels(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.cat([a, b], dim=1)`` of two (B, C, H, W) maps (the UNet's skip connections):
+    the same values both ways, each input's gradient dense in its own memory format."""
+    return _CatChannels.apply(a, b)
 
 
 def upsample_nearest2x(x: torch.Tensor) -> torch.Tensor:
@@ -232,7 +276,7 @@ class UpBlock(nn.Module):
                 context: torch.Tensor, cond: Conditioning = None) -> torch.Tensor:
         embs, kvs = cond or (None, None)
         for i, resnet in enumerate(self.resnets):  # skips are consumed last-first
-            x = resnet(torch.cat([x, skips[-1 - i]], dim=1), temb,
+            x = resnet(cat_channels(x, skips[-1 - i]), temb,
                        None if embs is None else embs[i])
             if self.attentions is not None:
                 x = self.attentions[i](x, context, None if kvs is None else kvs[i])
