@@ -362,6 +362,50 @@ def test_frozen_resnet_block_with_group_norm_kernels_writes_its_input_once():
         "and its bias"
 
 
+def test_sd_up_block_backward_hands_dense_gradients_to_its_convolutions():
+    """An SD up block (ResNets on [x, skip], then the 2× upsampler), channels-last, bf16,
+    compiled: in its backward no convolution copies its incoming gradient (a channel slice of
+    the concatenation's gradient, or the upsampler's NCHW sum, used to be copied to dense NHWC
+    inside ``convolution_backward``), and the gradients of x and the skips come out dense
+    NHWC, so the blocks that made them need not copy them either."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fasttrain.workloads.sd_unet import UNetConfig, UpBlock
+
+    torch.manual_seed(0)
+    cfg = UNetConfig(channels=(64, 64), cross_attn=(False, False), layers=2)
+    blk = UpBlock(64, 64, 64, cfg, 128, attn=False, up=True).cuda()
+    blk = torch.compile(blk.to(memory_format=torch.channels_last), fullgraph=True)
+
+    def nhwc(*shape):
+        return (torch.randn(*shape, device="cuda").contiguous(memory_format=torch.channels_last)
+                .requires_grad_(True))
+
+    x, skips, temb = nhwc(2, 64, 16, 16), [nhwc(2, 64, 16, 16) for _ in range(3)], \
+        torch.randn(2, 128, device="cuda")
+    dy = torch.randn(2, 64, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
+    try:
+        for _ in range(2):  # compile, then the measured pass
+            for t in (x, *skips):
+                t.grad = None
+            with torch.autocast("cuda", torch.bfloat16), \
+                    profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                blk(x, tuple(skips), temb, None).backward(dy)
+                torch.cuda.synchronize()
+    finally:  # UpBlock.forward's compiled code would count as recompiles in later SD runs
+        torch._dynamo.reset()
+    copies = []
+    for e in prof.events():
+        p, inside = e.cpu_parent, False
+        while p is not None and not inside:
+            inside, p = p.name == "aten::convolution_backward", p.cpu_parent
+        if inside and e.name in ("aten::clone", "aten::_to_copy", "aten::copy_"):
+            copies.append((e.name, e.input_shapes[:1]))
+    assert not copies, f"convolution_backward copied its gradient: {copies}"
+    for t in (x, *skips):
+        assert t.grad.is_contiguous(memory_format=torch.channels_last), t.grad.stride()
+
+
 def test_wide_head_attention_on_cuda_takes_the_gemm_path_and_matches_sdpa(monkeypatch):
     """One head of 512 (the SD VAE's mid-block) without autograd: the GEMM path runs, eager
     and compiled, within bf16 rounding of an fp32 SDPA; with autograd, SDPA runs."""
