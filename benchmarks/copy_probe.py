@@ -2,13 +2,17 @@
 
 CUDA-graph traces show a step's copy kernels (``direct_copy``, ``CatArrayBatchedCopy``) but
 not who asked for them. This probe prepares the workload with a preset as the loop does, with
-CUDA graphs off, runs three steps, then profiles one with shapes and strides. Every op whose
-kernels include a copy is a row: the op, its inputs' shapes and strides, the ops around it
+CUDA graphs off, runs three steps, then profiles one with shapes. Every op whose kernels include a
+copy is a row: the op, its inputs' shapes (and strides where the profiler records them; the
+H200's torch 2.11 did not), the ops around it
 (``aten::convolution_backward`` inside a compiled backward, AOTAutograd's
 ``CompiledFunctionBackward`` checking an incoming gradient, autograd's ``SplitWithSizesBackward``,
-...), its calls and µs of copy kernels; and a total row. Rows in ``$OUT/copy-probe-<tag>.jsonl``.
+...), its calls and µs of copy kernels; and a total row: all of them (``copy_us``, which
+counts Inductor's fused kernels with ``_to_copy`` in their names too) and ATen's alone
+(``aten_copy_us``). Rows in ``$OUT/copy-probe-<tag>.jsonl``.
 
-    OUT=/tmp/x PYTHONPATH=src python3 benchmarks/copy_probe.py sd presets/sd-base-layernorm.toml
+    OUT=/tmp/x PYTHONPATH=src python3 benchmarks/copy_probe.py sd \
+        benchmarks/results/presets/sd-base-layernorm.toml
 """
 from __future__ import annotations
 
@@ -92,8 +96,11 @@ def main() -> int:
     rows = sorted(sites.values(), key=lambda r: -r["us"])
     base = {"kind": "copy-probe", "workload": workload, "preset": os.path.basename(preset),
             "tag": tag, "git_sha": env.get("git_sha")}
+    aten = [r for r in rows if not r["kernel"].startswith("triton")]  # not Inductor's fusions
     total = {**base, "kind": "copy-probe-total", "copy_us": round(sum(r["us"] for r in rows), 1),
-             "copy_kernels": sum(r["calls"] for r in rows), "warm_s": round(warm_s, 1),
+             "copy_kernels": sum(r["calls"] for r in rows),
+             "aten_copy_us": round(sum(r["us"] for r in aten), 1),
+             "aten_copy_kernels": sum(r["calls"] for r in aten), "warm_s": round(warm_s, 1),
              "env": env}
     with open(os.path.join(out, f"copy-probe-{tag}.jsonl"), "a") as f:
         for r in [total, *({**base, **r, "us": round(r["us"], 1)} for r in rows)]:
