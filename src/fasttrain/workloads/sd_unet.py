@@ -49,20 +49,11 @@ def timestep_embedding(timesteps: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 
-def _channels_last(x: torch.Tensor) -> bool:
-    """Whether ``x`` is a dense channels-last (NHWC) tensor rather than a contiguous one."""
-    return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-
-
-def _dense(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    """``x`` contiguous in NHWC (``channels_last``) or NCHW order; a copy only where it is not."""
-    return x.contiguous(memory_format=torch.channels_last if channels_last
-                        else torch.contiguous_format)
-
-
-def _same_format(h: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``h`` contiguous in ``like``'s memory format (channels_last stays channels_last)."""
-    return _dense(h, _channels_last(like))
+def _format(x: torch.Tensor) -> torch.memory_format:
+    """x's memory format: channels-last where x is dense NHWC and not NCHW-contiguous, else
+    contiguous (NCHW)."""
+    nhwc = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    return torch.channels_last if nhwc else torch.contiguous_format
 
 
 class TimestepEmbedding(nn.Module):
@@ -149,18 +140,19 @@ class _Nearest2x(torch.autograd.Function):
     profile-sd-base-20261122-081837). The sum is laid out as x is: a reduction's result is
     NCHW, and the channels-last convolutions before an upsampler copied their NCHW gradient to
     NHWC inside ``convolution_backward`` (three copies of 8 × 640 × 32 × 32 and three of
-    8 × 1,280 × 16 × 16 a step, 0.18 ms: copy-probe-sd-20261122-1135)."""
+    8 × 1,280 × 16 × 16 a step, 0.18 ms: copy-probe-sd-20261122-1146)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        ctx.channels_last = _channels_last(x)
+        ctx.channels_last = _format(x) == torch.channels_last
         return F.interpolate(x, scale_factor=2.0, mode="nearest")
 
     @staticmethod
     def backward(ctx, g: torch.Tensor) -> torch.Tensor:
         B, C, H, W = g.shape[0], g.shape[1], g.shape[2] // 2, g.shape[3] // 2
         if ctx.channels_last:  # (B, 2H, 2W, C) → (B, H, 2, W, 2, C): the sum comes out NHWC
-            g = _dense(g, True).permute(0, 2, 3, 1).reshape(B, H, 2, W, 2, C)
+            g = g.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
+            g = g.reshape(B, H, 2, W, 2, C)
             return g.sum((2, 4)).permute(0, 3, 1, 2)
         return g.unflatten(3, (W, 2)).unflatten(2, (H, 2)).sum((3, 5))
 
@@ -171,19 +163,19 @@ class _CatChannels(torch.autograd.Function):
     an NHWC tensor is not dense, and every consumer copied it on its own: the ResNet's
     convolutions before the concatenation inside ``convolution_backward`` (its
     ``contiguous()``), the blocks across a compiled region's edge in AOTAutograd's check of
-    their incoming gradients (0.39 ms of copies a step in all: copy-probe-sd-20261122-1135).
+    their incoming gradients (0.39 ms of copies a step in all: copy-probe-sd-20261122-1146).
     Here the slices are made dense where the gradient is computed, once, which Inductor can
     fold into the kernel that computes them."""
 
     @staticmethod
     def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        ctx.split, ctx.formats = a.shape[1], (_channels_last(a), _channels_last(b))
+        ctx.split, ctx.formats = a.shape[1], (_format(a), _format(b))
         return torch.cat([a, b], dim=1)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n, (fa, fb) = ctx.split, ctx.formats
-        return _dense(g[:, :n], fa), _dense(g[:, n:], fb)
+        return g[:, :n].contiguous(memory_format=fa), g[:, n:].contiguous(memory_format=fb)
 
 
 def cat_channels(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -224,7 +216,7 @@ class SpatialTransformer(nn.Module):
         h = self.proj_in(self.norm(x)).permute(0, 2, 3, 1).reshape(B, H * W, C)
         for i, blk in enumerate(self.transformer_blocks):
             h = blk(h, context, None if kvs is None else kvs[i])
-        h = _same_format(h.reshape(B, H, W, C).permute(0, 3, 1, 2), x)
+        h = h.reshape(B, H, W, C).permute(0, 3, 1, 2).contiguous(memory_format=_format(x))
         return x + self.proj_out(h)
 
 
