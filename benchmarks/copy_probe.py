@@ -95,17 +95,16 @@ def main() -> int:
     env = environment(dev)
     rows = sorted(sites.values(), key=lambda r: -r["us"])
     base = {"kind": "copy-probe", "workload": workload, "preset": os.path.basename(preset),
-            "tag": tag, "git_sha": env.get("git_sha")}
+            "tag": tag, "git_sha": env.get("git_sha"), "env": env}
     aten = [r for r in rows if not r["kernel"].startswith("triton")]  # not Inductor's fusions
     total = {**base, "kind": "copy-probe-total", "copy_us": round(sum(r["us"] for r in rows), 1),
              "copy_kernels": sum(r["calls"] for r in rows),
              "aten_copy_us": round(sum(r["us"] for r in aten), 1),
-             "aten_copy_kernels": sum(r["calls"] for r in aten), "warm_s": round(warm_s, 1),
-             "env": env}
+             "aten_copy_kernels": sum(r["calls"] for r in aten), "warm_s": round(warm_s, 1)}
     with open(os.path.join(out, f"copy-probe-{tag}.jsonl"), "a") as f:
         for r in [total, *({**base, **r, "us": round(r["us"], 1)} for r in rows)]:
             f.write(json.dumps(r) + "\n")
-    print(json.dumps({k: v for k, v in total.items() if k != "env"}))
+    print(json.dumps({k: v for k, v in total.items() if k != "env"}))  # the rows carry it
     for r in rows[:25]:
         print(round(r["us"]), r["calls"], r["op"], r["shapes"][:1], r["strides"][:1],
               r["within"][:2])
