@@ -478,6 +478,43 @@ def groupnorm_rows(env: dict) -> list[dict]:
     return rows
 
 
+def conv_rows(env: dict) -> list[dict]:
+    """SD's VAE input convolution (3 → 128 channels, 3 × 3, padding 1, 512 px, batch 8), frozen
+    (forward only), bf16 channels-last input: cuDNN eagerly, the gather + GEMM compiled (what
+    channels_last runs) and the Triton pass at a few launch settings. GB/s counts reading the
+    input and writing the output once."""
+    from fasttrain.kernels import narrow_conv
+    from fasttrain.layers.conv import as_gemm
+
+    x = torch.randn(8, 3, 512, 512, device="cuda", dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last)
+    conv = torch.nn.Conv2d(3, 128, 3, padding=1).to("cuda", torch.bfloat16).requires_grad_(False)
+    conv = conv.to(memory_format=torch.channels_last)
+    w, b = conv.weight, conv.bias
+    shape = {"shape": [8, 3, 512, 512], "out_channels": 128, "kernel": 3, "model": "sd vae"}
+    moved = x.numel() * 2 + 8 * 128 * 512 * 512 * 2
+    gemm = torch.nn.Conv2d(3, 128, 3, padding=1).to("cuda", torch.bfloat16).requires_grad_(False)
+    gemm.load_state_dict(conv.state_dict())
+    as_gemm(gemm)
+    torch._dynamo.reset()
+    variants = {"eager cudnn": lambda x: torch.nn.functional.conv2d(x, w, b, padding=1),
+                "compiled gather + GEMM": torch.compile(gemm)}
+    rows = _variant_rows(env, "narrow-conv", variants, (x,), shape, "bf16", ("gb_per_s", moved))
+    keep = dict(narrow_conv.LAUNCH)
+    try:
+        for block_m, tiles, warps in ((128, 1, 4), (128, 8, 4), (128, 16, 4), (128, 32, 4),
+                                      (64, 16, 2), (64, 32, 2), (64, 64, 2), (64, 16, 4),
+                                      (32, 32, 1), (128, 16, 2)):
+            narrow_conv.LAUNCH.update(block_m=block_m, tiles=tiles, warps=warps)
+            rows += _variant_rows(
+                env, "narrow-conv", {f"triton {block_m} px × {tiles}, {warps} warps":
+                                     lambda x: narrow_conv.narrow_conv2d(x, w, b, (1, 1))},
+                (x,), {**shape, "launch": dict(narrow_conv.LAUNCH)}, "bf16", ("gb_per_s", moved))
+    finally:
+        narrow_conv.LAUNCH.update(keep)
+    return rows
+
+
 def optimizer_rows(env: dict) -> list[dict]:
     """One optimizer step over a model's trainable fp32 weights (shapes from the workload,
     built on the meta device): PyTorch's clip_grad_norm_ + fused AdamW (+ foreach EMA where the
@@ -556,6 +593,7 @@ def _opt_row(env: dict, variant: str, shape: dict, step, gbytes: float) -> dict:
 GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows,
           "activations": activation_rows, "rope": rope_rows, "window": window_rows,
           "optimizer": optimizer_rows, "groupnorm": groupnorm_rows, "attention": attention_rows,
+          "conv": conv_rows,
           "wide_attention": wide_attention_rows, "geglu": geglu_rows}
 
 

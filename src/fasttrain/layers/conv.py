@@ -12,6 +12,11 @@ output comes out channels-last, already with its bias, in one pass over its memo
 
 Numerics: the same products summed in fp32 (in another order); padded columns are exact zeros.
 Parameters, their shapes and the state dict are the Conv2d's own.
+
+With ``kernels=conv`` a frozen one (its weights need no gradient: SD's VAE input convolution)
+runs as one Triton pass instead, which gathers each output tile's input values in place and
+writes the output once (``kernels/narrow_conv.py``); it is forward-only, so a convolution whose
+weights train, or a call whose input needs a gradient, keeps the gather + GEMM.
 """
 from __future__ import annotations
 
@@ -24,12 +29,29 @@ ALIGN = 8  # bf16/fp16 columns in 16 bytes
 
 class GemmConv2d(nn.Conv2d):
     """``nn.Conv2d`` computed as gather + one GEMM; made from a Conv2d by ``as_gemm``. The
-    output is channels-last whatever the input's layout."""
+    output is channels-last whatever the input's layout. ``use_fused`` (``kernels=conv``) runs
+    a frozen one as one Triton pass."""
+
+    fused_kind, fused_triton = "conv", True
+    fused = False  # as_gemm swaps the class of a built Conv2d: no __init__ of ours runs
+
+    def trains(self) -> bool:
+        return any(p.requires_grad for p in self.parameters())
+
+    def use_fused(self, on: bool) -> list[str]:
+        self.fused = on and not self.trains()
+        what = describe(self)
+        if self.trains():
+            return [f"{what} convolution kept as a gather + GEMM (its weights train; the "
+                    "Triton pass is forward-only)"]
+        return [f"{what} convolution in one Triton pass (frozen, forward only)"]
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
                       bias: torch.Tensor | None) -> torch.Tensor:
         if input.dim() == 3:  # unbatched (C, H, W), as nn.Conv2d takes it
             return self._conv_forward(input[None], weight, bias)[0]
+        if self.fused and not (torch.is_grad_enabled() and (input.requires_grad or self.trains())):
+            return self._triton(input, weight, bias)
         N, C, H, W = input.shape
         (kh, kw), (ph, pw) = self.kernel_size, self.padding
         Ho, Wo = H + 2 * ph - kh + 1, W + 2 * pw - kw + 1
@@ -45,6 +67,24 @@ class GemmConv2d(nn.Conv2d):
         return out.view(N, Ho, Wo, self.out_channels).permute(0, 3, 1, 2)
 
 
+    def _triton(self, input: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        from ..kernels.narrow_conv import narrow_conv2d
+
+        kind = input.device.type
+        if torch.is_autocast_enabled(kind):  # as autocast casts a convolution's arguments
+            dtype = torch.get_autocast_dtype(kind)
+            input, weight = input.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        return narrow_conv2d(input, weight, bias, self.padding)
+
+
+def describe(conv: nn.Conv2d) -> str:
+    """"3 → 128 channels, 3 × 3"."""
+    kh, kw = conv.kernel_size
+    return f"{conv.in_channels} → {conv.out_channels} channels, {kh} × {kw}"
+
+
 def fits_gemm(conv: nn.Module) -> bool:
     """A plain Conv2d (ungrouped, stride 1, no dilation, zero or no padding, at most 3 × 3)
     over fewer than 8 input channels."""
@@ -58,5 +98,4 @@ def as_gemm(conv: nn.Conv2d) -> str:
     """Turn ``conv`` into a GemmConv2d in place (same parameters and state dict); returns its
     shape ("3 → 128 channels, 3 × 3")."""
     conv.__class__ = GemmConv2d
-    kh, kw = conv.kernel_size
-    return f"{conv.in_channels} → {conv.out_channels} channels, {kh} × {kw}"
+    return describe(conv)

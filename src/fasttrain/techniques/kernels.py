@@ -43,8 +43,20 @@ def _attention_name(layer: nn.Module) -> str:
     return getattr(layer, "attention_name", f"{layer.fused_kind} attention")
 
 
+def _frozen_narrow_convs(model: nn.Module) -> None:
+    """Give the ``conv`` family its layers where channels_last has not: frozen convolutions over
+    few channels become GemmConv2d (their fused path is forward-only)."""
+    from ..layers.conv import as_gemm, fits_gemm
+
+    for m in model.modules():
+        if fits_gemm(m) and not any(p.requires_grad for p in m.parameters()):
+            as_gemm(m)
+
+
 def apply(state: TrainState) -> str | None:
     wanted = kernel_families(state.recipe.kernels)
+    if "conv" in wanted:
+        _frozen_narrow_convs(state.model)
     layers = fused_layers(state.model)
     missing = sorted(wanted - {m.fused_kind for m in layers})
     if missing and state.recipe.kernels != "fused":
