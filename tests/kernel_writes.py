@@ -52,8 +52,8 @@ def _analyse(kernel, kwargs: dict) -> list[str]:
 def main() -> None:
     _target()
     import fasttrain.kernels as package
-    from fasttrain.kernels import (_triton, activations, geglu, group_norm, norms, rope,
-                                   seq_attention, window_attention)
+    from fasttrain.kernels import (_triton, activations, geglu, group_norm, narrow_conv, norms,
+                                   rope, seq_attention, window_attention)
 
     # every kernel module that launches through _triton.launch: one added later shows up below
     # as kernels never launched until main() calls its ops
@@ -127,9 +127,12 @@ def main() -> None:
     xg = rnd(2, 64, 8, 8).contiguous(memory_format=torch.channels_last)
     wg, bg = rnd(64, dtype=f32), rnd(64, dtype=f32)
     for xb in (None, rnd(2, 64, dtype=f32)):  # with a per-sample x_bias (the UNet's ResNets)
-        call(group_norm._fwd, xg, wg, bg, xb, 32, 1e-5, True)
+        _, pc = call(group_norm._fwd, xg, wg, bg, xb, 32, 1e-5, True)
         call(group_norm._bwd, rnd(2, 64, 8, 8).contiguous(memory_format=torch.channels_last),
-             xg, wg, bg, xb, rnd(2, 32, dtype=f32), rnd(2, 32, dtype=f32).abs(), 32, True)
+             xg, wg, pc, 32, True)
+
+    call(narrow_conv._conv, rnd(2, 3, 9, 8).contiguous(memory_format=torch.channels_last),
+         rnd(16, 3, 3, 3), rnd(16), 1, 1)
 
     launched = {r["kernel"] for r in rows}
     for module in modules:  # with the kernels it imports from a private module of kernels

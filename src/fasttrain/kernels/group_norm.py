@@ -10,10 +10,17 @@ What is fused
     and the SiLU and writes y. Both passes walk tiles of (positions × channels) and read x in its
     own layout: in channels-last memory a tile row is a run of contiguous channels, so the reads
     coalesce whatever the group width (4 channels of 2 bytes at the VAE's 512 × 512 stage).
-    The per-channel sums are combined into per-group statistics with a few small PyTorch ops on
-    (batch, channels) tensors. The backward is two passes as well: one reduction of the
-    gradient's per-channel sums (which give dweight, dbias and the group terms of dx) and one
-    elementwise pass for dx. y and dx come out in x's layout and dtype.
+    Between the two, one small kernel with a program per (sample, group) combines the partial
+    sums into the group's statistics and writes what the elementwise pass reads per (sample,
+    channel). The backward is two passes as well: one reduction of the gradient's per-channel
+    sums (which give dweight, dbias and the group terms of dx), the same small combining
+    kernel, and one elementwise pass for dx. y and dx come out in x's layout and dtype. The
+    gradient of ``x_bias`` (Σ dx over the positions) comes from those per-channel sums, not
+    from a pass over dx.
+
+    The combining kernels replaced a dozen small PyTorch ops, which Inductor compiled into 2-6
+    kernels each way: 8-11 µs between the two passes of every GroupNorm, 1.54 ms of an SD step
+    over its 142 GroupNorm passes forward and backward (profile-sd-base-20261122-094525).
 
 When it helps
     Under ``torch.compile`` with channels-last activations: Inductor reduces each group over its
@@ -42,7 +49,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._triton import launch, op, programs_cap, realized, sum0
+from ._triton import add, launch, op, programs_cap, realized, sum0
 
 __all__ = ["group_norm", "group_norm_reference"]
 
@@ -154,6 +161,93 @@ def _apply_kernel(x_ptr, dy_ptr, mu_ptr, a_ptr, b_ptr, p_ptr, q_ptr, k_ptr, out_
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _group(n, g, C, Cg, BLOCK_CG: tl.constexpr):
+    """The channels of group g of sample n: their indices, mask and (sample, channel) slots."""
+    cols = g * Cg + tl.arange(0, BLOCK_CG)
+    cmask = tl.arange(0, BLOCK_CG) < Cg
+    return cols, cmask, n * C + cols
+
+
+@triton.jit
+def _split_sums(s_ptr, n, cols, cmask, splits, C, BLOCK_S: tl.constexpr,
+                BLOCK_CG: tl.constexpr):
+    """Σ over the reduction pass's splits of one sample's (N, splits, C) partial sums."""
+    acc = tl.full((BLOCK_CG,), 0.0, tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        rows = s0 + tl.arange(0, BLOCK_S)
+        mask = (rows < splits)[:, None] & cmask[None, :]
+        acc += sum0(tl.load(s_ptr + (n * splits + rows)[:, None] * C + cols[None, :],
+                            mask=mask, other=0.0))
+    return acc
+
+
+@triton.jit
+def _stats_kernel(s1_ptr, s2_ptr, x_ptr, sh_ptr, w_ptr, b_ptr, pc_ptr, splits, L, C, Cg, N,
+                  sN, sC, shN, shC, eps, HAS_SHIFT: tl.constexpr, BLOCK_S: tl.constexpr,
+                  BLOCK_CG: tl.constexpr):
+    """Group (program_id(1)) of sample program_id(0), forward: the channels' sums about their
+    pivots (x at position 0) → channel means and squared deviations → the group's mean and
+    rstd by Chan's formula → per channel μ, a = rstd·w, b, rstd and e = channel mean − group
+    mean (rows 0-4 of pc, (5, N, C)); with a shift (x_bias) the means are those of x + shift
+    and μ = group mean − shift."""
+    n = tl.program_id(0).to(tl.int64)
+    cols, cmask, nc = _group(n, tl.program_id(1), C, Cg, BLOCK_CG)
+    eps = tl.cast(eps, tl.float32)
+    Lf = tl.cast(L, tl.float32)
+    s1 = _split_sums(s1_ptr, n, cols, cmask, splits, C, BLOCK_S, BLOCK_CG)
+    s2 = _split_sums(s2_ptr, n, cols, cmask, splits, C, BLOCK_S, BLOCK_CG)
+    ch_mean = tl.load(x_ptr + n * sN + cols.to(tl.int64) * sC, mask=cmask,
+                      other=0.0).to(tl.float32) + s1 / Lf
+    shift = tl.full((BLOCK_CG,), 0.0, tl.float32)
+    if HAS_SHIFT:  # a channel's shift moves its mean, not its squared deviations
+        shift = tl.load(sh_ptr + n * shN + cols * shC, mask=cmask, other=0.0).to(tl.float32)
+        ch_mean += shift
+    ch_m2 = s2 - s1 * s1 / Lf
+    cgf = tl.cast(Cg, tl.float32)
+    mean = tl.reduce(tl.where(cmask, ch_mean, 0.0), 0, add) / cgf
+    dev = tl.where(cmask, ch_mean - mean, 0.0)
+    m2 = tl.reduce(tl.where(cmask, ch_m2, 0.0), 0, add) + Lf * tl.reduce(dev * dev, 0, add)
+    rstd = tl.rsqrt(tl.maximum(m2 / (Lf * cgf), 0.0) + eps)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    NC = N * C
+    tl.store(pc_ptr + nc, mean - shift, mask=cmask)
+    tl.store(pc_ptr + NC + nc, rstd * w, mask=cmask)
+    tl.store(pc_ptr + 2 * NC + nc, b, mask=cmask)
+    tl.store(pc_ptr + 3 * NC + nc, tl.full((BLOCK_CG,), 0.0, tl.float32) + rstd, mask=cmask)
+    tl.store(pc_ptr + 4 * NC + nc, dev, mask=cmask)
+
+
+@triton.jit
+def _terms_kernel(t1_ptr, t2_ptr, w_ptr, pc_ptr, out_ptr, dxb_ptr, splits, L, C, Cg, N,
+                  BLOCK_S: tl.constexpr, BLOCK_CG: tl.constexpr):
+    """Group (program_id(1)) of sample program_id(0), backward: per channel Σ dz and Σ dz·x̂
+    (rows 2, 3 of out, (4, N, C)), the group terms of dx = dz·a + (x − μ)·q + k (q and k: rows
+    0, 1) and Σ over positions of dx, = a·Σdz + q·L·e + L·k (dxb, (N, C): x_bias's
+    gradient)."""
+    n = tl.program_id(0).to(tl.int64)
+    cols, cmask, nc = _group(n, tl.program_id(1), C, Cg, BLOCK_CG)
+    Lf = tl.cast(L, tl.float32)
+    t1 = _split_sums(t1_ptr, n, cols, cmask, splits, C, BLOCK_S, BLOCK_CG)
+    t2 = _split_sums(t2_ptr, n, cols, cmask, splits, C, BLOCK_S, BLOCK_CG)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    m = Lf * tl.cast(Cg, tl.float32)
+    c1 = tl.reduce(t1 * w, 0, add) / m
+    c2 = tl.reduce(t2 * w, 0, add) / m
+    NC = N * C
+    a = tl.load(pc_ptr + NC + nc, mask=cmask, other=0.0)
+    r = tl.load(pc_ptr + 3 * NC + nc, mask=cmask, other=0.0)
+    e = tl.load(pc_ptr + 4 * NC + nc, mask=cmask, other=0.0)
+    q = -r * r * c2
+    k = -r * c1
+    tl.store(out_ptr + nc, q, mask=cmask)
+    tl.store(out_ptr + NC + nc, k, mask=cmask)
+    tl.store(out_ptr + 2 * NC + nc, t1, mask=cmask)
+    tl.store(out_ptr + 3 * NC + nc, t2, mask=cmask)
+    tl.store(dxb_ptr + nc, a * t1 + q * Lf * e + Lf * k, mask=cmask)
+
+
 # ----------------------------------------------------------------------------- launch helpers
 
 def _shape(t: torch.Tensor) -> tuple[int, int, int, int, int, int]:
@@ -192,20 +286,59 @@ def _blocks(L: int, C: int, N: int, device: torch.device) -> tuple[int, int, int
     return block_c, cblocks, triton.cdiv(L, per), per
 
 
-def _sums(x: torch.Tensor, dy: Optional[torch.Tensor], per_channel: tuple[torch.Tensor, ...],
+def _sums(x: torch.Tensor, dy: Optional[torch.Tensor], per_channel: Optional[torch.Tensor],
           silu: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reduction pass: two (N, C) fp32 per-channel sums (see ``_sum_kernel``);
-    ``per_channel`` is (μ, a, b, rstd) in the backward, empty in the forward."""
+    """The reduction pass: two (N, splits, C) fp32 partial per-channel sums (see
+    ``_sum_kernel``), one row per split of the positions; ``per_channel`` is the forward's (5, N,
+    C) μ, a, b, rstd, e in the backward, None in the forward."""
     N, L, C, sN, sL, sC = _shape(x)
     block_c, cblocks, splits, per = _blocks(L, C, N, x.device)
     s1 = torch.empty((N, splits, C), device=x.device, dtype=torch.float32)
     s2 = torch.empty_like(s1)
-    mu, a, b, r = per_channel or (s1,) * 4  # not read by the forward
+    mu, a, b, r = (s1,) * 4 if per_channel is None else per_channel[:4]  # the forward: unread
     launch(_sum_kernel, (splits * N, cblocks), x, s1 if dy is None else dy, mu, a, b, r,
            s1, s2, L, C, sN, sL, sC, per, splits, BACKWARD=dy is not None, SILU=silu,
            STAGES=LAUNCH["sum_stages"], BLOCK_L=LAUNCH["sum_rows"], BLOCK_C=block_c,
            num_warps=LAUNCH["sum_warps"])
-    return s1.sum(1), s2.sum(1)
+    return s1, s2
+
+
+def _group_grid(s1: torch.Tensor, groups: int) -> tuple[tuple[int, int], dict]:
+    """The grid and block sizes of the combining kernels: one program per (sample, group)."""
+    N, splits, C = s1.shape
+    meta = {"BLOCK_S": min(16, triton.next_power_of_2(splits)),
+            "BLOCK_CG": max(2, triton.next_power_of_2(C // groups)), "num_warps": 1}
+    return (N, groups), meta
+
+
+def _stats(x: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, weight: torch.Tensor,
+           bias: torch.Tensor, x_bias: Optional[torch.Tensor], groups: int, eps: float
+           ) -> torch.Tensor:
+    """(5, N, C) fp32 per (sample, channel): μ, a, b, rstd, e (``_stats_kernel``), from the
+    forward's partial sums, in one launch."""
+    N, L, C, sN, _, sC = _shape(x)
+    pc = torch.empty((5, N, C), device=x.device, dtype=torch.float32)
+    if x_bias is None:
+        sh, shN, shC = pc, 0, 0
+    else:
+        sh, shN, shC = x_bias, (x_bias.stride(0) if x_bias.dim() == 2 else 0), x_bias.stride(-1)
+    grid, meta = _group_grid(s1, groups)
+    launch(_stats_kernel, grid, s1, s2, x, sh, weight, bias, pc, s1.shape[1], L, C,
+           C // groups, N, sN, sC, shN, shC, eps, HAS_SHIFT=x_bias is not None, **meta)
+    return pc
+
+
+def _terms(t1: torch.Tensor, t2: torch.Tensor, weight: torch.Tensor, pc: torch.Tensor, L: int,
+           groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(4, N, C) fp32 q, k, Σ dz, Σ dz·x̂ and (N, C) fp32 Σ dx per (sample, channel)
+    (``_terms_kernel``), in one launch."""
+    N, splits, C = t1.shape
+    out = torch.empty((4, N, C), device=t1.device, dtype=torch.float32)
+    dxb = torch.empty((N, C), device=t1.device, dtype=torch.float32)
+    grid, meta = _group_grid(t1, groups)
+    launch(_terms_kernel, grid, t1, t2, weight, pc, out, dxb, splits, L, C, C // groups, N,
+           **meta)
+    return out, dxb
 
 
 def _apply(x: torch.Tensor, dy: Optional[torch.Tensor], per_channel: tuple[torch.Tensor, ...],
@@ -225,103 +358,60 @@ def _apply(x: torch.Tensor, dy: Optional[torch.Tensor], per_channel: tuple[torch
     return out
 
 
-def _per_group(t: torch.Tensor, groups: int) -> torch.Tensor:
-    """(N, C) → (N, G, C/G)."""
-    return t.view(t.shape[0], groups, -1)
-
-
-def _to_channels(t: torch.Tensor, C: int) -> torch.Tensor:
-    """(N, G) → (N, C), each group's value repeated over its channels."""
-    return t.repeat_interleave(C // t.shape[1], dim=1)
-
-
-def _affine(mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-            shift: Optional[torch.Tensor] = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per (sample, channel) fp32: μ, rstd, a = rstd·w and b = bias, so z = (x − μ)·a + b.
-    With an (N, C) ``shift`` of x (its x_bias), μ is the group mean less the shift: the kernels
-    read x and normalize x + shift without adding it."""
-    C = weight.shape[0]
-    mu, r = _to_channels(mean, C), _to_channels(rstd, C)
-    if shift is not None:
-        mu = mu - shift
-    a = r * weight.float()
-    b = bias.float().expand_as(a).contiguous()
-    return mu, r, a, b
-
-
 # ----------------------------------------------------------------------------- custom ops
-
-def _shift(x_bias: Optional[torch.Tensor], N: int, C: int) -> Optional[torch.Tensor]:
-    """x_bias as an (N, C) fp32 shift of every channel's values, or None."""
-    return None if x_bias is None else x_bias.float().expand(N, C)
-
 
 @op("fasttrain::group_norm_fwd")
 def _fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
          x_bias: Optional[torch.Tensor], groups: int, eps: float,
-         silu: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         silu: bool) -> tuple[torch.Tensor, torch.Tensor]:
     N, C = x.shape[:2]
     if x.numel() == 0:
-        stats = torch.zeros((N, groups), device=x.device, dtype=torch.float32)
-        return torch.empty_like(x), stats, stats.clone()
+        return torch.empty_like(x), torch.zeros((5, N, C), device=x.device, dtype=torch.float32)
     x = realized(x.contiguous(memory_format=_layout(x)))
-    L = x.numel() // (N * C)
-    s1, s2 = _sums(x, None, (), silu)
-    ch_mean = x.reshape(N, C, -1)[:, :, 0].float() + s1 / L  # sums about position 0's values
-    shift = _shift(x_bias, N, C)
-    if shift is not None:  # a channel's shift moves its mean, not its squared deviations
-        ch_mean = ch_mean + shift
-    ch_m2 = s2 - s1 * s1 / L
-    # Chan's formula: the group's squared deviations are its channels' own plus their means'
-    mean = _per_group(ch_mean, groups).mean(-1)
-    m2 = _per_group(ch_m2, groups).sum(-1) + \
-        L * ((_per_group(ch_mean, groups) - mean[..., None]) ** 2).sum(-1)
-    rstd = torch.rsqrt((m2 / (L * (C // groups))).clamp_min(0) + eps)
-    mu, _, a, b = _affine(mean, rstd, weight, bias, shift)
-    return _apply(x, None, (mu, a, b), silu), mean, rstd
+    s1, s2 = _sums(x, None, None, silu)
+    pc = _stats(x, s1, s2, weight, bias, x_bias, groups, eps)
+    return _apply(x, None, (pc[0], pc[1], pc[2]), silu), pc
 
 
 @op("fasttrain::group_norm_bwd")
-def _bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-         x_bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor, groups: int,
-         silu: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pc: torch.Tensor,
+         groups: int, silu: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     N, C = x.shape[:2]
     if x.numel() == 0:
-        return torch.empty_like(x), torch.zeros_like(weight), torch.zeros_like(bias)
+        zeros = torch.zeros_like(weight, dtype=torch.float32)
+        return torch.empty_like(x), zeros, zeros.clone(), torch.zeros((N, C), device=x.device)
     x = realized(x.contiguous(memory_format=_layout(x)))
     if dy.stride() != x.stride():
         dy = torch.empty_strided(x.size(), x.stride(), device=x.device, dtype=dy.dtype).copy_(dy)
     dy = realized(dy)
-    L = x.numel() // (N * C)
-    mu, r, a, b = _affine(mean, rstd, weight, bias, _shift(x_bias, N, C))
-    t1, t2 = _sums(x, dy, (mu, a, b, r), silu)  # Σ dz and Σ dz·x̂ per (sample, channel)
-    w = weight.float()
-    m = L * (C // groups)
-    c1 = _to_channels(_per_group(t1 * w, groups).sum(-1) / m, C)
-    c2 = _to_channels(_per_group(t2 * w, groups).sum(-1) / m, C)
+    t1, t2 = _sums(x, dy, pc, silu)  # Σ dz and Σ dz·x̂ per (sample, split, channel)
+    terms, dxb = _terms(t1, t2, weight, pc, x.numel() // (N * C), groups)
     # dx = r·(w·dz − c1 − x̂·c2) = dz·(r·w) + (x − μ)·(−r²·c2) + (−r·c1)
-    dx = _apply(x, dy, (mu, a, b, a, -r * r * c2, -r * c1), silu)
-    return dx, t2.sum(0), t1.sum(0)
+    dx = _apply(x, dy, (pc[0], pc[1], pc[2], pc[1], terms[0], terms[1]), silu)
+    return dx, terms[3].sum(0), terms[2].sum(0), dxb
 
 
 def _setup(ctx, inputs, output) -> None:
     x, weight, bias, x_bias, groups, _eps, silu = inputs
     ctx.groups, ctx.silu = groups, silu
-    ctx.save_for_backward(x, weight, bias, x_bias, output[1], output[2])
+    ctx.bias_dtype = bias.dtype
+    ctx.x_bias = None if x_bias is None else (x_bias.dim(), x_bias.dtype)
+    ctx.save_for_backward(x, weight, output[1])
 
 
-def _backward(ctx, dy, _dmean, _drstd):
-    x, weight, bias, x_bias, mean, rstd = ctx.saved_tensors
+def _backward(ctx, dy, _dpc):
+    x, weight, pc = ctx.saved_tensors
     dy = torch.zeros_like(x) if dy is None else dy  # the op gives it x's strides
-    dx, dw, db = torch.ops.fasttrain.group_norm_bwd(dy, x, weight, bias, x_bias, mean, rstd,
-                                                    ctx.groups, ctx.silu)
-    dxb = None
-    if x_bias is not None and ctx.needs_input_grad[3]:  # x_bias was added to every position
-        spatial = tuple(range(2, dx.dim()))
-        dxb = dx.sum(dim=spatial, dtype=torch.float32) if spatial else dx.float()
-        dxb = (dxb.sum(0) if x_bias.dim() == 1 else dxb).to(x_bias.dtype)
-    return dx, dw.to(weight.dtype), db.to(bias.dtype), dxb, None, None, None
+    dx, dw, db, dxb = torch.ops.fasttrain.group_norm_bwd(dy, x, weight, pc, ctx.groups,
+                                                         ctx.silu)
+    if ctx.x_bias is not None and ctx.needs_input_grad[3]:
+        # x_bias was added to every position: its gradient is Σ dx over them, per (sample,
+        # channel) from the sums the backward has (not a pass over dx)
+        dim, dtype = ctx.x_bias
+        dxb = (dxb.sum(0) if dim == 1 else dxb).to(dtype)
+    else:
+        dxb = None
+    return dx, dw.to(weight.dtype), db.to(ctx.bias_dtype), dxb, None, None, None
 
 
 _fwd.register_autograd(_backward, setup_context=_setup)
@@ -371,7 +461,7 @@ def group_norm(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[t
     C = x.shape[1]
     w = torch.ones(C, device=x.device) if weight is None else weight.contiguous()
     b = torch.zeros(C, device=x.device) if bias is None else bias.contiguous()
-    y, _, _ = torch.ops.fasttrain.group_norm_fwd(x.contiguous(memory_format=_layout(x)), w, b,
+    y, _ = torch.ops.fasttrain.group_norm_fwd(x.contiguous(memory_format=_layout(x)), w, b,
                                                  x_bias, groups, float(eps), bool(silu))
     return y
 
