@@ -108,15 +108,13 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dk_ptr, dv_
     C = H * D
     dk = tl.full((BLOCK_N, BLOCK_D), 0.0, tl.float32)
     dv = tl.full((BLOCK_N, BLOCK_D), 0.0, tl.float32)
-    keys = tl.arange(0, BLOCK_N)
-    cols = tl.arange(0, BLOCK_D)
-    kvm = (keys < Tk)[:, None] & (cols < D)[None, :]
-    col = (h * D + cols)[None, :]
-    k = tl.load(k_ptr + b * skb + keys[:, None] * skt + col, mask=kvm, other=0.0)  # once
-    v = tl.load(v_ptr + b * svb + keys[:, None] * svt + col, mask=kvm, other=0.0)
+    _, _, ko, vo, kvm, _, _, _, _ = _offsets(b, h, tl.arange(0, BLOCK_M), T, Tk, D, sqb, sqt,
+                                             skb, skt, svb, svt, BLOCK_N, BLOCK_D)
+    k = tl.load(k_ptr + ko, mask=kvm, other=0.0)  # the head's keys and values, once
+    v = tl.load(v_ptr + vo, mask=kvm, other=0.0)
     for blk in range(split, blocks, splits):
         rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-        qo, qm, ko, vo, kvm, dcol, dmask, kmask, rmask = _offsets(
+        qo, qm, _, _, _, dcol, dmask, kmask, rmask = _offsets(
             b, h, rows, T, Tk, D, sqb, sqt, skb, skt, svb, svt, BLOCK_N, BLOCK_D)
         q = tl.load(q_ptr + qo, mask=qm, other=0.0)
         rc = (b * T + rows)[:, None] * C + (h * D + dcol)[None, :]
