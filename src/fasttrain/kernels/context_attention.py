@@ -49,20 +49,22 @@ each taking every ``bwd_programs_per_head``-th block of queries."""
 
 
 @triton.jit
-def _offsets(b, h, rows, T, Tk, D, sqb, sqt, skb, skt, svb, svt,
-             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Offsets and masks of q (rows × D) of sample b, head h, and of all of its keys and
-    values (Tk × D). Pointers stay in the kernels: Inductor's analysis of what a user kernel
-    writes takes a pointer handed to a helper as written."""
+def _tiles(q_ptr, k_ptr, v_ptr, b, h, rows, T, Tk, D, sqb, sqt, skb, skt, svb, svt,
+           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """q (rows × D) of sample b, head h, and all of its keys and values (Tk × D); masks."""
     dcol = tl.arange(0, BLOCK_D)
     dmask = dcol < D
     keys = tl.arange(0, BLOCK_N)
     kmask = keys < Tk
     rmask = rows < T
-    col = (h * D + dcol)[None, :]
-    return (b * sqb + rows[:, None] * sqt + col, rmask[:, None] & dmask[None, :],
-            b * skb + keys[:, None] * skt + col, b * svb + keys[:, None] * svt + col,
-            kmask[:, None] & dmask[None, :], dcol, dmask, kmask, rmask)
+    q = tl.load(q_ptr + b * sqb + rows[:, None] * sqt + (h * D + dcol)[None, :],
+                mask=rmask[:, None] & dmask[None, :], other=0.0)
+    kvmask = kmask[:, None] & dmask[None, :]
+    k = tl.load(k_ptr + b * skb + keys[:, None] * skt + (h * D + dcol)[None, :], mask=kvmask,
+                other=0.0)
+    v = tl.load(v_ptr + b * svb + keys[:, None] * svt + (h * D + dcol)[None, :], mask=kvmask,
+                other=0.0)
+    return q, k, v, dcol, dmask, kmask, rmask
 
 
 @triton.jit
@@ -75,11 +77,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, T, Tk, H, D, sqb, sqt, skb,
     b = bh // H
     h = bh % H
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    qo, qm, ko, vo, kvm, dcol, dmask, kmask, rmask = _offsets(
-        b, h, rows, T, Tk, D, sqb, sqt, skb, skt, svb, svt, BLOCK_N, BLOCK_D)
-    q = tl.load(q_ptr + qo, mask=qm, other=0.0)
-    k = tl.load(k_ptr + ko, mask=kvm, other=0.0)
-    v = tl.load(v_ptr + vo, mask=kvm, other=0.0)
+    q, k, v, dcol, dmask, kmask, rmask = _tiles(q_ptr, k_ptr, v_ptr, b, h, rows, T, Tk, D,
+                                                sqb, sqt, skb, skt, svb, svt, BLOCK_N, BLOCK_D)
     s = tile_dot(q, tl.trans(k), DOT) * (tl.cast(scale, tl.float32) * 1.4426950408889634)
     s = tl.where(kmask[None, :], s, float("-inf"))
     m = tl.reduce(s, 1, maximum)
@@ -108,15 +107,11 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dk_ptr, dv_
     C = H * D
     dk = tl.full((BLOCK_N, BLOCK_D), 0.0, tl.float32)
     dv = tl.full((BLOCK_N, BLOCK_D), 0.0, tl.float32)
-    _, _, ko, vo, kvm, _, _, _, _ = _offsets(b, h, tl.arange(0, BLOCK_M), T, Tk, D, sqb, sqt,
-                                             skb, skt, svb, svt, BLOCK_N, BLOCK_D)
-    k = tl.load(k_ptr + ko, mask=kvm, other=0.0)  # the head's keys and values, once
-    v = tl.load(v_ptr + vo, mask=kvm, other=0.0)
     for blk in range(split, blocks, splits):
         rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-        qo, qm, _, _, _, dcol, dmask, kmask, rmask = _offsets(
-            b, h, rows, T, Tk, D, sqb, sqt, skb, skt, svb, svt, BLOCK_N, BLOCK_D)
-        q = tl.load(q_ptr + qo, mask=qm, other=0.0)
+        q, k, v, dcol, dmask, kmask, rmask = _tiles(
+            q_ptr, k_ptr, v_ptr, b, h, rows, T, Tk, D, sqb, sqt, skb, skt, svb, svt, BLOCK_N,
+            BLOCK_D)
         rc = (b * T + rows)[:, None] * C + (h * D + dcol)[None, :]
         rcmask = rmask[:, None] & dmask[None, :]
         do = tl.load(do_ptr + rc, mask=rcmask, other=0.0)
