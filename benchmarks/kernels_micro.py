@@ -515,41 +515,6 @@ def conv_rows(env: dict) -> list[dict]:
     return rows
 
 
-def context_rows(env: dict) -> list[dict]:
-    """SD's cross-attention at 64 × 64 latents (4,096 queries, 77 text keys, 8 heads of 40,
-    batch 8), bf16, forward + backward: SDPA as the model's plain path runs it (compiled,
-    through (B, heads, T, D) views; cuDNN on the H200) and the Triton kernels at a few launch
-    settings. TFLOP/s counts the real head dim and keys (fwd 4·B·H·T·Tk·D, bwd 2.5× that)."""
-    from fasttrain.kernels import context_attention as ca
-
-    B, T, Tk, H, D = 8, 4096, 77, 8, 40
-    q = torch.randn(B, T, H * D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(B, Tk, H * D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(B, Tk, H * D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    cot = torch.randn(B, T, H * D, device="cuda", dtype=torch.bfloat16)
-    shape = {"batch": B, "queries": T, "keys": Tk, "heads": H, "head_dim": D}
-    flops = 4 * B * H * T * Tk * D * 3.5
-    torch._dynamo.reset()
-    rows = _variant_rows(env, "context-attention", {
-        "compiled sdpa": torch.compile(lambda q, k, v: ca.context_attention_reference(q, k, v, H))},
-        (q, k, v), shape, "bf16", ("tflops", flops), grads=cot)
-    keep = dict(ca.LAUNCH)
-    try:
-        for fb, fw, bb, bw, per in ((64, 4, 64, 8, 8), (128, 8, 64, 8, 8), (64, 4, 64, 4, 8),
-                                    (64, 4, 64, 8, 4), (64, 4, 64, 8, 16), (64, 4, 32, 4, 8)):
-            ca.LAUNCH.update(fwd_block=fb, fwd_warps=fw, bwd_block=bb, bwd_warps=bw,
-                             bwd_programs_per_head=per)
-            rows += _variant_rows(
-                env, "context-attention",
-                {f"triton fwd {fb}/{fw}w bwd {bb}/{bw}w x{per}":
-                 lambda q, k, v: ca.context_attention(q, k, v, H)},
-                (q, k, v), {**shape, "launch": dict(ca.LAUNCH)}, "bf16", ("tflops", flops),
-                grads=cot)
-    finally:
-        ca.LAUNCH.update(keep)
-    return rows
-
-
 def optimizer_rows(env: dict) -> list[dict]:
     """One optimizer step over a model's trainable fp32 weights (shapes from the workload,
     built on the meta device): PyTorch's clip_grad_norm_ + fused AdamW (+ foreach EMA where the
@@ -628,7 +593,7 @@ def _opt_row(env: dict, variant: str, shape: dict, step, gbytes: float) -> dict:
 GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows,
           "activations": activation_rows, "rope": rope_rows, "window": window_rows,
           "optimizer": optimizer_rows, "groupnorm": groupnorm_rows, "attention": attention_rows,
-          "conv": conv_rows, "context": context_rows,
+          "conv": conv_rows,
           "wide_attention": wide_attention_rows, "geglu": geglu_rows}
 
 

@@ -52,8 +52,8 @@ def _analyse(kernel, kwargs: dict) -> list[str]:
 def main() -> None:
     _target()
     import fasttrain.kernels as package
-    from fasttrain.kernels import (_triton, activations, context_attention, geglu, group_norm,
-                                   narrow_conv, norms, rope, seq_attention, window_attention)
+    from fasttrain.kernels import (_triton, activations, geglu, group_norm, narrow_conv, norms,
+                                   rope, seq_attention, window_attention)
 
     # every kernel module that launches through _triton.launch: one added later shows up below
     # as kernels never launched until main() calls its ops
@@ -130,10 +130,6 @@ def main() -> None:
         _, pc = call(group_norm._fwd, xg, wg, bg, xb, 32, 1e-5, True)
         call(group_norm._bwd, rnd(2, 64, 8, 8).contiguous(memory_format=torch.channels_last),
              xg, wg, pc, 32, True)
-
-    qc, kc, vc = rnd(2, 70, 96), rnd(2, 77, 96), rnd(2, 77, 96)
-    out, lse = call(context_attention._fwd, qc, kc, vc, 2, 0.14)
-    call(context_attention._bwd, rnd(2, 70, 96), qc, kc, vc, out, lse, 2, 0.14)
 
     call(narrow_conv._conv, rnd(2, 3, 9, 8).contiguous(memory_format=torch.channels_last),
          rnd(16, 3, 3, 3), rnd(16), 1, 1)

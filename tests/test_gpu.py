@@ -321,31 +321,6 @@ def test_narrow_conv_kernel_on_cuda_matches_cudnn_eager_and_compiled():
     torch._dynamo.reset()
 
 
-def test_context_attention_compiled_on_cuda_matches_sdpa():
-    """SD's cross-attention shape at a small batch (4,096 queries, 77 keys, head dim 40) and
-    an odd one, bf16, compiled (no graph break): output and q/k/v gradients."""
-    from fasttrain.kernels.context_attention import (context_attention,
-                                                     context_attention_reference)
-
-    torch.manual_seed(0)
-    for B, T, Tk, H, D in ((2, 4096, 77, 8, 40), (3, 1000, 128, 2, 64)):
-        q = torch.randn(B, T, H * D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(B, Tk, H * D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(B, Tk, H * D, device="cuda", dtype=torch.bfloat16)
-        torch._dynamo.reset()
-        _compiled_and_reference(lambda q, k, v: context_attention(q, k, v, H),
-                                lambda q, k, v: context_attention_reference(q, k, v, H),
-                                [q, k, v], lambda y: (y.float() * 0.5).square().sum())
-    torch._dynamo.reset()
-
-
-def test_sd_context_attention_kernel_in_the_graphed_training_loop_keeps_the_losses():
-    _kernels_keep_the_losses("sd", Recipe(precision="bf16-mixed", optimizer_impl="fused",
-                                          compile="regional", channels_last=True,
-                                          cuda_graphs=True, kernels="groupnorm"),
-                             ("groupnorm,context",), "cross-attention to the text")
-
-
 def test_sd_narrow_conv_kernel_in_the_graphed_training_loop_keeps_the_losses():
     _kernels_keep_the_losses("sd", Recipe(precision="bf16-mixed", optimizer_impl="fused",
                                           compile="regional", channels_last=True,

@@ -26,7 +26,7 @@ ALLOCATOR = ("default", "expandable")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused", "triton")
 KERNELS = ("none", "fused")
 KERNEL_FAMILIES = ("patch", "loss", "window", "layernorm", "gelu", "swiglu", "rope", "groupnorm",
-                   "attention", "conv", "context")
+                   "attention", "conv")
 """What ``kernels`` may name besides none | fused (all of them): see techniques/kernels.py."""
 FP8 = ("none", "large", "linear")
 EMA_MODES = ("auto", "none", "per-tensor", "foreach", "side-stream")
@@ -138,8 +138,7 @@ class Recipe:
     k in one kernel), groupnorm (GroupNorm + SiLU reading channels-last activations in place: SD's UNet and
     VAE), attention (ViT's self-attention in Triton straight from the qkv projection's layout,
     odd lengths padded to 16 not 64), conv (a frozen convolution over few input channels, SD's
-    VAE input, in one Triton pass: forward only), context (SD's cross-attention to the 77
-    text tokens in one Triton kernel each way, head dims up to 64)."""
+    VAE input, in one Triton pass: forward only)."""
     fp8: str = "none"
     """none | large | linear: the linear layers of the trainable repeated blocks multiply in
     float8 (e4m3 forward, e5m2 gradients, per-tensor dynamic scales) — all of them (linear) or

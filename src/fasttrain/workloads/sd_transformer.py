@@ -28,7 +28,6 @@ class Attention(nn.Module):
     (benchmarks/sd_block_micro.py measures both)."""
 
     stacked = True
-    fused_triton = True
 
     def __init__(self, dim: int, heads: int, context: int | None = None):
         super().__init__()
@@ -37,32 +36,6 @@ class Attention(nn.Module):
         self.to_k = nn.Linear(context or dim, dim, bias=False)
         self.to_v = nn.Linear(context or dim, dim, bias=False)
         self.to_out = nn.Sequential(nn.Linear(dim, dim))  # diffusers' to_out.0
-        # kernels=context: the cross-attention's own kernel (kernels/context_attention.py)
-        self.fused_kind = "context" if context is not None else None
-        self.fused = False
-
-    def use_fused(self, on: bool) -> list[str]:
-        from ..kernels.context_attention import MAX_HEAD_DIM, MAX_KEYS
-
-        head_dim = self.to_q.out_features // self.heads
-        self.fused = on and head_dim <= MAX_HEAD_DIM
-        if not self.fused:
-            return [f"cross-attention kept on SDPA (head dim {head_dim} > {MAX_HEAD_DIM})"]
-        return [f"cross-attention to the text (up to {MAX_KEYS} keys, head dim {head_dim}) in "
-                "one Triton kernel each way, from the projections' layout"]
-
-    def _context_attention(self, x: torch.Tensor, context: torch.Tensor,
-                           kv: Heads2 | None) -> torch.Tensor | None:
-        """The fused path's (B, T, C) output, or None where the kernel does not take the
-        inputs (more keys than it holds): then SDPA runs."""
-        from ..kernels.context_attention import MAX_KEYS, context_attention
-
-        B, T, C = x.shape
-        k, v = kv if kv is not None else self._project(context, self.to_k, self.to_v)
-        if k.shape[2] > MAX_KEYS:
-            return None
-        k, v = (t.transpose(1, 2).reshape(B, t.shape[2], C) for t in (k, v))
-        return context_attention(self.to_q(x), k, v, self.heads)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
                 proj_bias: bool = True, kv: Heads2 | None = None) -> torch.Tensor:
@@ -70,10 +43,6 @@ class Attention(nn.Module):
         the context's keys and values already projected (``text_heads``), else they are
         projected here."""
         B, T, C = x.shape
-        if self.fused and context is not None:
-            out = self._context_attention(x, context, kv)
-            if out is not None:
-                return linear(self.to_out[0], out, bias=proj_bias)
         if context is None:
             q, k, v = self._project(x, self.to_q, self.to_k, self.to_v)
         elif kv is not None:
