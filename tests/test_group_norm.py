@@ -155,12 +155,22 @@ def test_group_norm_with_many_programs_per_sample(monkeypatch, stages):
     monkeypatch.setitem(gn.LAUNCH, "sum_rows", 4)
     monkeypatch.setitem(gn.LAUNCH, "apply_rows", 8)
     monkeypatch.setitem(gn.LAUNCH, "max_channels", 16)
+    # the combining kernels: a few groups a program, the last block of groups partly masked
+    monkeypatch.setitem(gn.LAUNCH, "stats_elements", 24)
+    assert gn._group_grid(torch.empty(3, 7, 40), 5) == ((3, 3), {
+        "BLOCK_S": 8, "BLOCK_G": 2, "BLOCK_CG": 8, "num_warps": 1})
+    _compare((2, 40, 7, 3), 5, torch.float32, True, layout="channels_last")
     assert gn._blocks(90, 64, 2, torch.device("cpu")) == (16, 4, 8, 12)
     _compare((2, 64, 9, 10), 8, torch.float32, True, layout="channels_last")
     _compare((2, 48, 9, 10), 4, torch.bfloat16, True, layout="contiguous")
     # splits meet a partly masked channel block, and a short last split
     assert gn._blocks(83, 40, 3, torch.device("cpu")) == (16, 3, 7, 12)  # last split: 11
     _compare((3, 40, 83), 8, torch.float32, True)
+    # one group a program, as on a GPU, with more splits than one load takes
+    monkeypatch.setitem(gn.LAUNCH, "stats_groups", 1)
+    monkeypatch.setattr(gn, "programs_cap", lambda device, per_sm=4: 200)
+    assert gn._blocks(2000, 40, 2, torch.device("cpu"))[2] > 16
+    _compare((2, 40, 50, 40), 8, torch.float32, True, layout="channels_last")
 
 
 def test_group_norm_gradient_layouts_and_parameter_dtypes():

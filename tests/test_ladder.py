@@ -163,8 +163,9 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                            "dependent launch", "combo kernels"]  # how Inductor launches
     launches = ["dependent launch", "combo kernels"]
     assert axes["sd"] == ["graphs", "one-launch optimizer", "bf16 master weights",
-                          "kernels gelu", "kernels layernorm", "kernels groupnorm", "no NHWC",
-                          *launches]  # conv + GEGLU + transformer norms
+                          "kernels gelu", "kernels layernorm", "kernels groupnorm",
+                          "kernels conv",  # the frozen VAE's input convolution
+                          "no NHWC", *launches]  # conv + GEGLU + transformer norms
     assert axes["swin"] == ["graphs", "one-launch optimizer", "bf16 master weights", "math attention",
                             "kernels window", "kernels patch", "kernels gelu", "kernels layernorm",
                             "autotuned reductions", *launches]
@@ -217,6 +218,9 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.9}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + kernels groupnorm"
     assert (rec.kernels, rec.optimizer_impl) == ("groupnorm", "fused")
+    rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.5}, rec)
+    assert rung.name == "fast: compile + graphs + fp8 + kernels conv"  # the VAE's input
+    assert (rec.kernels, rec.optimizer_impl) == ("conv", "fused")
     # they lost: NHWC off is tried without them
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.5}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + no NHWC"

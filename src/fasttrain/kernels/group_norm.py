@@ -49,7 +49,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._triton import add, launch, op, programs_cap, realized, sum0
+from ._triton import INTERPRETED, add, launch, op, programs_cap, realized, sum0
 
 __all__ = ["group_norm", "group_norm_reference"]
 
@@ -60,8 +60,14 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # grid holds at most 65,535). The reduction pass's loads are software-pipelined ``sum_stages``
 # tiles ahead (launch-tune-20261121-1633: 3 stages, 64 positions a tile, 2 programs per SM took
 # SD's six GroupNorm shapes together 1.9% below 32 positions, 4 programs, no pipelining).
+# The combining kernels between the passes: on a GPU a program per (sample, group), 1 warp,
+# 16 splits' sums a load (measured as part of the step: train-group-stats-sd-20261122-1351);
+# interpreted, a sample's groups in one program (tiles of up to ``stats_elements``), since the
+# interpreter runs programs one after another.
 LAUNCH = {"sum_rows": 64, "apply_rows": 64, "max_channels": 128, "sum_warps": 4,
-          "apply_warps": 8, "programs_per_sm": 2, "sum_stages": 3}
+          "apply_warps": 8, "programs_per_sm": 2, "sum_stages": 3,
+          "stats_groups": None if INTERPRETED else 1, "stats_elements": 1024,
+          "stats_warps": 1}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -162,90 +168,95 @@ def _apply_kernel(x_ptr, dy_ptr, mu_ptr, a_ptr, b_ptr, p_ptr, q_ptr, k_ptr, out_
 
 
 @triton.jit
-def _group(n, g, C, Cg, BLOCK_CG: tl.constexpr):
-    """The channels of group g of sample n: their indices, mask and (sample, channel) slots."""
-    cols = g * Cg + tl.arange(0, BLOCK_CG)
-    cmask = tl.arange(0, BLOCK_CG) < Cg
-    return cols, cmask, n * C + cols
+def _groups(n, gb, C, G, Cg, BLOCK_G: tl.constexpr, BLOCK_CG: tl.constexpr):
+    """Groups gb·BLOCK_G … of sample n as a (groups × their channels) tile: the channels'
+    indices, the tile's mask and the (sample, channel) slots."""
+    g = gb * BLOCK_G + tl.arange(0, BLOCK_G)
+    c = tl.arange(0, BLOCK_CG)
+    cols = g[:, None] * Cg + c[None, :]
+    mask = (g < G)[:, None] & (c < Cg)[None, :]
+    return cols, mask, n * C + cols
 
 
 @triton.jit
-def _split_sums(s_ptr, n, cols, cmask, splits, C, BLOCK_S: tl.constexpr,
+def _split_sums(s_ptr, n, cols, mask, splits, C, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr,
                 BLOCK_CG: tl.constexpr):
-    """Σ over the reduction pass's splits of one sample's (N, splits, C) partial sums."""
-    acc = tl.full((BLOCK_CG,), 0.0, tl.float32)
+    """Σ over the reduction pass's splits of one sample's (N, splits, C) partial sums, BLOCK_S
+    splits at a time."""
+    acc = tl.full((BLOCK_G, BLOCK_CG), 0.0, tl.float32)
     for s0 in range(0, splits, BLOCK_S):
         rows = s0 + tl.arange(0, BLOCK_S)
-        mask = (rows < splits)[:, None] & cmask[None, :]
-        acc += sum0(tl.load(s_ptr + (n * splits + rows)[:, None] * C + cols[None, :],
-                            mask=mask, other=0.0))
+        m3 = (rows < splits)[:, None, None] & mask[None, :, :]
+        acc += tl.reduce(tl.load(s_ptr + ((n * splits + rows) * C)[:, None, None]
+                                 + cols[None, :, :], mask=m3, other=0.0), 0, add)
     return acc
 
 
 @triton.jit
-def _stats_kernel(s1_ptr, s2_ptr, x_ptr, sh_ptr, w_ptr, b_ptr, pc_ptr, splits, L, C, Cg, N,
+def _stats_kernel(s1_ptr, s2_ptr, x_ptr, sh_ptr, w_ptr, b_ptr, pc_ptr, splits, L, C, G, Cg, N,
                   sN, sC, shN, shC, eps, HAS_SHIFT: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BLOCK_CG: tl.constexpr):
-    """Group (program_id(1)) of sample program_id(0), forward: the channels' sums about their
-    pivots (x at position 0) → channel means and squared deviations → the group's mean and
-    rstd by Chan's formula → per channel μ, a = rstd·w, b, rstd and e = channel mean − group
-    mean (rows 0-4 of pc, (5, N, C)); with a shift (x_bias) the means are those of x + shift
-    and μ = group mean − shift."""
+                  BLOCK_G: tl.constexpr, BLOCK_CG: tl.constexpr):
+    """Groups block program_id(1) of sample program_id(0), forward: the channels' sums about
+    their pivots (x at position 0) → channel means and squared deviations → each group's mean
+    and rstd by Chan's formula → per channel μ, a = rstd·w, b, rstd and e = channel mean −
+    group mean (rows 0-4 of pc, (5, N, C)); with a shift (x_bias) the means are those of
+    x + shift and μ = group mean − shift."""
     n = tl.program_id(0).to(tl.int64)
-    cols, cmask, nc = _group(n, tl.program_id(1), C, Cg, BLOCK_CG)
+    cols, mask, nc = _groups(n, tl.program_id(1), C, G, Cg, BLOCK_G, BLOCK_CG)
     eps = tl.cast(eps, tl.float32)
     Lf = tl.cast(L, tl.float32)
-    s1 = _split_sums(s1_ptr, n, cols, cmask, splits, C, BLOCK_S, BLOCK_CG)
-    s2 = _split_sums(s2_ptr, n, cols, cmask, splits, C, BLOCK_S, BLOCK_CG)
-    ch_mean = tl.load(x_ptr + n * sN + cols.to(tl.int64) * sC, mask=cmask,
+    s1 = _split_sums(s1_ptr, n, cols, mask, splits, C, BLOCK_S, BLOCK_G, BLOCK_CG)
+    s2 = _split_sums(s2_ptr, n, cols, mask, splits, C, BLOCK_S, BLOCK_G, BLOCK_CG)
+    ch_mean = tl.load(x_ptr + n * sN + cols.to(tl.int64) * sC, mask=mask,
                       other=0.0).to(tl.float32) + s1 / Lf
-    shift = tl.full((BLOCK_CG,), 0.0, tl.float32)
+    shift = tl.full((BLOCK_G, BLOCK_CG), 0.0, tl.float32)
     if HAS_SHIFT:  # a channel's shift moves its mean, not its squared deviations
-        shift = tl.load(sh_ptr + n * shN + cols * shC, mask=cmask, other=0.0).to(tl.float32)
+        shift = tl.load(sh_ptr + n * shN + cols * shC, mask=mask, other=0.0).to(tl.float32)
         ch_mean += shift
     ch_m2 = s2 - s1 * s1 / Lf
     cgf = tl.cast(Cg, tl.float32)
-    mean = tl.reduce(tl.where(cmask, ch_mean, 0.0), 0, add) / cgf
-    dev = tl.where(cmask, ch_mean - mean, 0.0)
-    m2 = tl.reduce(tl.where(cmask, ch_m2, 0.0), 0, add) + Lf * tl.reduce(dev * dev, 0, add)
+    mean = tl.reduce(tl.where(mask, ch_mean, 0.0), 1, add) / cgf
+    dev = tl.where(mask, ch_mean - mean[:, None], 0.0)
+    m2 = tl.reduce(tl.where(mask, ch_m2, 0.0), 1, add) + Lf * tl.reduce(dev * dev, 1, add)
     rstd = tl.rsqrt(tl.maximum(m2 / (Lf * cgf), 0.0) + eps)
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     NC = N * C
-    tl.store(pc_ptr + nc, mean - shift, mask=cmask)
-    tl.store(pc_ptr + NC + nc, rstd * w, mask=cmask)
-    tl.store(pc_ptr + 2 * NC + nc, b, mask=cmask)
-    tl.store(pc_ptr + 3 * NC + nc, tl.full((BLOCK_CG,), 0.0, tl.float32) + rstd, mask=cmask)
-    tl.store(pc_ptr + 4 * NC + nc, dev, mask=cmask)
+    tl.store(pc_ptr + nc, mean[:, None] - shift, mask=mask)
+    tl.store(pc_ptr + NC + nc, rstd[:, None] * w, mask=mask)
+    tl.store(pc_ptr + 2 * NC + nc, b, mask=mask)
+    tl.store(pc_ptr + 3 * NC + nc, tl.full((BLOCK_G, BLOCK_CG), 0.0, tl.float32)
+             + rstd[:, None], mask=mask)
+    tl.store(pc_ptr + 4 * NC + nc, dev, mask=mask)
 
 
 @triton.jit
-def _terms_kernel(t1_ptr, t2_ptr, w_ptr, pc_ptr, out_ptr, dxb_ptr, splits, L, C, Cg, N,
-                  BLOCK_S: tl.constexpr, BLOCK_CG: tl.constexpr):
-    """Group (program_id(1)) of sample program_id(0), backward: per channel Σ dz and Σ dz·x̂
-    (rows 2, 3 of out, (4, N, C)), the group terms of dx = dz·a + (x − μ)·q + k (q and k: rows
-    0, 1) and Σ over positions of dx, = a·Σdz + q·L·e + L·k (dxb, (N, C): x_bias's
-    gradient)."""
+def _terms_kernel(t1_ptr, t2_ptr, w_ptr, pc_ptr, out_ptr, dxb_ptr, splits, L, C, G, Cg, N,
+                  BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_CG: tl.constexpr):
+    """Groups block program_id(1) of sample program_id(0), backward: per channel Σ dz and
+    Σ dz·x̂ (rows 2, 3 of out, (4, N, C)), the group terms of dx = dz·a + (x − μ)·q + k (q
+    and k: rows 0, 1) and Σ over positions of dx, = a·Σdz + q·L·e + L·k (dxb, (N, C):
+    x_bias's gradient)."""
     n = tl.program_id(0).to(tl.int64)
-    cols, cmask, nc = _group(n, tl.program_id(1), C, Cg, BLOCK_CG)
+    cols, mask, nc = _groups(n, tl.program_id(1), C, G, Cg, BLOCK_G, BLOCK_CG)
     Lf = tl.cast(L, tl.float32)
-    t1 = _split_sums(t1_ptr, n, cols, cmask, splits, C, BLOCK_S, BLOCK_CG)
-    t2 = _split_sums(t2_ptr, n, cols, cmask, splits, C, BLOCK_S, BLOCK_CG)
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    t1 = _split_sums(t1_ptr, n, cols, mask, splits, C, BLOCK_S, BLOCK_G, BLOCK_CG)
+    t2 = _split_sums(t2_ptr, n, cols, mask, splits, C, BLOCK_S, BLOCK_G, BLOCK_CG)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     m = Lf * tl.cast(Cg, tl.float32)
-    c1 = tl.reduce(t1 * w, 0, add) / m
-    c2 = tl.reduce(t2 * w, 0, add) / m
+    c1 = tl.reduce(t1 * w, 1, add) / m
+    c2 = tl.reduce(t2 * w, 1, add) / m
     NC = N * C
-    a = tl.load(pc_ptr + NC + nc, mask=cmask, other=0.0)
-    r = tl.load(pc_ptr + 3 * NC + nc, mask=cmask, other=0.0)
-    e = tl.load(pc_ptr + 4 * NC + nc, mask=cmask, other=0.0)
-    q = -r * r * c2
-    k = -r * c1
-    tl.store(out_ptr + nc, q, mask=cmask)
-    tl.store(out_ptr + NC + nc, k, mask=cmask)
-    tl.store(out_ptr + 2 * NC + nc, t1, mask=cmask)
-    tl.store(out_ptr + 3 * NC + nc, t2, mask=cmask)
-    tl.store(dxb_ptr + nc, a * t1 + q * Lf * e + Lf * k, mask=cmask)
+    a = tl.load(pc_ptr + NC + nc, mask=mask, other=0.0)
+    r = tl.load(pc_ptr + 3 * NC + nc, mask=mask, other=0.0)
+    e = tl.load(pc_ptr + 4 * NC + nc, mask=mask, other=0.0)
+    q = -r * r * c2[:, None]
+    k = -r * c1[:, None]
+    tl.store(out_ptr + nc, q, mask=mask)
+    tl.store(out_ptr + NC + nc, k, mask=mask)
+    tl.store(out_ptr + 2 * NC + nc, t1, mask=mask)
+    tl.store(out_ptr + 3 * NC + nc, t2, mask=mask)
+    tl.store(dxb_ptr + nc, a * t1 + q * Lf * e + Lf * k, mask=mask)
 
 
 # ----------------------------------------------------------------------------- launch helpers
@@ -304,11 +315,18 @@ def _sums(x: torch.Tensor, dy: Optional[torch.Tensor], per_channel: Optional[tor
 
 
 def _group_grid(s1: torch.Tensor, groups: int) -> tuple[tuple[int, int], dict]:
-    """The grid and block sizes of the combining kernels: one program per (sample, group)."""
+    """The grid and tiles of the combining kernels: a program per sample and block of
+    ``LAUNCH["stats_groups"]`` groups (None: as many as fit a tile of ``stats_elements``
+    group channels), reading up to 16 splits' sums at a time."""
     N, splits, C = s1.shape
-    meta = {"BLOCK_S": min(16, triton.next_power_of_2(splits)),
-            "BLOCK_CG": max(2, triton.next_power_of_2(C // groups)), "num_warps": 1}
-    return (N, groups), meta
+    block_cg = max(2, triton.next_power_of_2(C // groups))
+    block_g = LAUNCH["stats_groups"]
+    if block_g is None:
+        fit = max(1, LAUNCH["stats_elements"] // block_cg)
+        block_g = min(triton.next_power_of_2(groups), 1 << (fit.bit_length() - 1))
+    return (N, triton.cdiv(groups, block_g)), {
+        "BLOCK_S": min(16, triton.next_power_of_2(splits)), "BLOCK_G": block_g,
+        "BLOCK_CG": block_cg, "num_warps": LAUNCH["stats_warps"]}
 
 
 def _stats(x: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, weight: torch.Tensor,
@@ -323,7 +341,7 @@ def _stats(x: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, weight: torch.Te
     else:
         sh, shN, shC = x_bias, (x_bias.stride(0) if x_bias.dim() == 2 else 0), x_bias.stride(-1)
     grid, meta = _group_grid(s1, groups)
-    launch(_stats_kernel, grid, s1, s2, x, sh, weight, bias, pc, s1.shape[1], L, C,
+    launch(_stats_kernel, grid, s1, s2, x, sh, weight, bias, pc, s1.shape[1], L, C, groups,
            C // groups, N, sN, sC, shN, shC, eps, HAS_SHIFT=x_bias is not None, **meta)
     return pc
 
@@ -336,8 +354,8 @@ def _terms(t1: torch.Tensor, t2: torch.Tensor, weight: torch.Tensor, pc: torch.T
     out = torch.empty((4, N, C), device=t1.device, dtype=torch.float32)
     dxb = torch.empty((N, C), device=t1.device, dtype=torch.float32)
     grid, meta = _group_grid(t1, groups)
-    launch(_terms_kernel, grid, t1, t2, weight, pc, out, dxb, splits, L, C, C // groups, N,
-           **meta)
+    launch(_terms_kernel, grid, t1, t2, weight, pc, out, dxb, splits, L, C, groups, C // groups,
+           N, **meta)
     return out, dxb
 
 

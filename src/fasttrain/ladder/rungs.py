@@ -71,7 +71,7 @@ def memory_rungs(workload: Workload) -> list[Rung]:
 
 
 SEARCHED_KERNELS = ("window", "attention", "patch", "gelu", "layernorm", "rope", "loss",
-                    "groupnorm")
+                    "groupnorm", "conv")
 """Kernel families the fast search tries, one rung each, in this order: those whose kernels
 beat Inductor's fusion of the plain code in the microbenchmark's CUDA-graph replay
 (kernels-micro-activations-rope-norms-20261121-0833: bias + GELU 0.31 vs 0.47 ms on ViT-B,
@@ -84,7 +84,9 @@ train-map-window-20261121-1411); with software-pipelined backward loads its add 
 10-19% faster (launch-tune-20261121-1633) and took a whole Swin-B step 1.2% faster (2,878
 against 2,843 and 2,847 img/s, train-launch-20261121-1643). ViT's self-attention kernel runs
 its layer 18% faster than compiled SDPA (kernels-micro-attention-20261122-0300) and a ViT-B step
-2.6% faster (train-attention-vit-20261122-0212)."""
+2.6% faster (train-attention-vit-20261122-0212). The frozen narrow convolution (SD's VAE input)
+runs in 0.209 ms against the compiled gather + GEMM's 0.497 (kernels-micro-conv-20261122-1321)
+and took an SD step 0.5% faster (train-conv-sd-20261122-1332)."""
 
 
 def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
@@ -93,6 +95,7 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     device, to see which layers it has."""
     import torch
 
+    from ..layers.conv import fits_gemm
     from ..techniques.fp8 import fp8_targets
     from ..techniques.kernels import fused_layers
 
@@ -115,6 +118,9 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     if "math" in getattr(workload, "attention_candidates", ()):
         axes.append(("math attention", "attention", "math"))
     present = {m.fused_kind for m in fused_layers(model)}
+    if any(fits_gemm(m) and not any(p.requires_grad for p in m.parameters())
+           for m in model.modules()):
+        present.add("conv")  # a frozen narrow convolution: kernels=conv makes it a GemmConv2d
     axes += [(f"kernels {kind}", "kernels", kind) for kind in SEARCHED_KERNELS if kind in present]
     if getattr(workload, "prefers_channels_last", False):
         axes.append(("no NHWC", "channels_last", False))
