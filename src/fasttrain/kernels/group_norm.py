@@ -10,9 +10,9 @@ What is fused
     and the SiLU and writes y. Both passes walk tiles of (positions × channels) and read x in its
     own layout: in channels-last memory a tile row is a run of contiguous channels, so the reads
     coalesce whatever the group width (4 channels of 2 bytes at the VAE's 512 × 512 stage).
-    Between the two, one small kernel with a program per (sample, group) combines the partial
-    sums into the group's statistics and writes what the elementwise pass reads per (sample,
-    channel). The backward is two passes as well: one reduction of the gradient's per-channel
+    Between the two, one small kernel (on a GPU a program per sample and group) combines the
+    partial sums into the group's statistics and writes what the elementwise pass reads per
+    (sample, channel). The backward is two passes as well: one reduction of the gradient's per-channel
     sums (which give dweight, dbias and the group terms of dx), the same small combining
     kernel, and one elementwise pass for dx. y and dx come out in x's layout and dtype. The
     gradient of ``x_bias`` (Σ dx over the positions) comes from those per-channel sums, not
