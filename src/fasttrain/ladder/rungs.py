@@ -95,7 +95,7 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     device, to see which layers it has."""
     import torch
 
-    from ..layers.conv import fits_gemm
+    from ..layers.conv import frozen_narrow
     from ..techniques.fp8 import fp8_targets
     from ..techniques.kernels import fused_layers
 
@@ -118,8 +118,7 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     if "math" in getattr(workload, "attention_candidates", ()):
         axes.append(("math attention", "attention", "math"))
     present = {m.fused_kind for m in fused_layers(model)}
-    if any(fits_gemm(m) and not any(p.requires_grad for p in m.parameters())
-           for m in model.modules()):
+    if any(frozen_narrow(m) for m in model.modules()):
         present.add("conv")  # a frozen narrow convolution: kernels=conv makes it a GemmConv2d
     axes += [(f"kernels {kind}", "kernels", kind) for kind in SEARCHED_KERNELS if kind in present]
     if getattr(workload, "prefers_channels_last", False):

@@ -66,7 +66,6 @@ class GemmConv2d(nn.Conv2d):
         out = cols @ w.t() if bias is None else torch.addmm(bias, cols, w.t())
         return out.view(N, Ho, Wo, self.out_channels).permute(0, 3, 1, 2)
 
-
     def _triton(self, input: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:
         from ..kernels.narrow_conv import narrow_conv2d
@@ -92,6 +91,12 @@ def fits_gemm(conv: nn.Module) -> bool:
             and conv.stride == (1, 1) and conv.dilation == (1, 1)
             and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros"
             and max(conv.kernel_size) <= 3)
+
+
+def frozen_narrow(conv: nn.Module) -> bool:
+    """A convolution ``fits_gemm`` takes whose parameters need no gradient: what
+    ``kernels=conv`` runs as one Triton pass."""
+    return fits_gemm(conv) and not any(p.requires_grad for p in conv.parameters())
 
 
 def as_gemm(conv: nn.Conv2d) -> str:

@@ -46,10 +46,10 @@ def _attention_name(layer: nn.Module) -> str:
 def _frozen_narrow_convs(model: nn.Module) -> None:
     """Give the ``conv`` family its layers where channels_last has not: frozen convolutions over
     few channels become GemmConv2d (their fused path is forward-only)."""
-    from ..layers.conv import as_gemm, fits_gemm
+    from ..layers.conv import as_gemm, frozen_narrow
 
     for m in model.modules():
-        if fits_gemm(m) and not any(p.requires_grad for p in m.parameters()):
+        if frozen_narrow(m):
             as_gemm(m)
 
 
