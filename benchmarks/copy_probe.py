@@ -50,21 +50,28 @@ def _site(e) -> dict:
             "within": chain}
 
 
+def prepared(workload: str, preset: str):
+    """(state, workload, one batch on the GPU): the base size of ``workload`` prepared with
+    ``preset`` as the training loop does, with CUDA graphs off (the host ops must run to be
+    seen, and the parts of a step can be captured one by one)."""
+    rec = tomllib.load(open(preset, "rb"))["recipe"]
+    rec["cuda_graphs"] = False
+    wl = load_workload(workload, size="base", seed=0)
+    dev = torch.device("cuda")
+    state, dataset, _ = prepare(wl, Recipe(**rec), dev, total_steps=1000)
+    loader = iter(make_loader(wl, state.micro_batch, 0, dataset=dataset, collate=state.collate,
+                              **state.loader_kwargs))
+    return state, wl, to_device(next(loader), dev, False)
+
+
 def main() -> int:
     workload = sys.argv[1] if len(sys.argv) > 1 else "sd"
     preset = sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/presets/sd-base-layernorm.toml"
     tag = os.environ.get("TAG", "run")
     out = os.environ.get("OUT", "/tmp")
-    rec = tomllib.load(open(preset, "rb"))["recipe"]
-    rec["cuda_graphs"] = False  # the host ops must run to be seen
-    recipe = Recipe(**rec)
-    wl = load_workload(workload, size="base", seed=0)
-    dev = torch.device("cuda")
     t0 = time.time()
-    state, dataset, _ = prepare(wl, recipe, dev, total_steps=1000)
-    loader = iter(make_loader(wl, state.micro_batch, 0, dataset=dataset, collate=state.collate,
-                              **state.loader_kwargs))
-    batch = to_device(next(loader), dev, False)
+    state, wl, batch = prepared(workload, preset)
+    dev = state.device
     count = wl.count(batch)
 
     def step() -> None:
