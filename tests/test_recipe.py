@@ -23,6 +23,8 @@ def test_defaults_are_the_fp32_baseline():
     ({"autotune_reductions": True}, "autotune_reductions tunes torch.compile's kernels"),
     ({"pdl": True}, "pdl changes how torch.compile's kernels launch; set compile=model"),
     ({"combo_kernels": True}, "combo_kernels changes how torch.compile groups its kernels"),
+    ({"graph_memset_kernels": True}, "graph_memset_kernels rewrites the captured step's CUDA "
+                                     "graph; set cuda_graphs=true"),
     ({"optimizer_impl": "triton", "optimizer": "sgd"}, "it takes optimizer=adamw"),
     ({"compile_cache": True}, "compile_cache keeps torch.compile's results"),
     ({"master_weights": True, "precision": "fp16-mixed"}, "bf16-true or bf16-mixed, not fp16"),

@@ -103,6 +103,11 @@ class Recipe:
     (inductor)."""
     cuda_graphs: bool = False
     """Capture the whole training step (forward, backward, clip, optimizer) in one CUDA graph."""
+    graph_memset_kernels: bool = False
+    """With cuda_graphs: the small memsets that cuBLAS and cuDNN issue before many of their
+    kernels (a few bytes of workspace zeroed) become kernel nodes of the captured graph that
+    store the same bytes; a kernel after a memset node starts later than one after a kernel.
+    Numerics: none."""
     channels_last: bool = False
     """NHWC memory format for convolution workloads."""
     checkpointing: str = "none"
@@ -285,6 +290,9 @@ def validate(r: Recipe) -> None:
         raise FasttrainError("recipe: pad_multiple must be >= 0 (0 pads to the longest item)")
     if r.cuda_graphs:
         _validate_graphs(r)
+    elif r.graph_memset_kernels:
+        raise FasttrainError("recipe: graph_memset_kernels rewrites the captured step's CUDA "
+                             "graph; set cuda_graphs=true")
 
 
 def _coerce(name: str, raw: Any, kind: type) -> Any:

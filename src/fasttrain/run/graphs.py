@@ -5,21 +5,27 @@ and compilation happen there), gradients set to None right before capture so the
 backward *writes* fresh gradients into the graph's pool on every replay (never zero them after
 capture: that would drop the static gradient tensors), then copy each batch into the static
 inputs and replay. Every call performs exactly one optimizer step, eager or replayed, so the
-loss sequence matches an uncaptured run.
+loss sequence matches an uncaptured run. With ``memset_kernels`` the graph is kept after capture,
+its small memset nodes are rewritten as kernel nodes (run/graph_memsets.py), and only then
+instantiated; ``report`` receives a line saying what the rewrite did.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 from ..errors import FasttrainError
 from ..workloads.base import Batch
+from .graph_memsets import GraphRewriteError, rewrite
 
 
 class GraphedStep:
-    def __init__(self, core: Callable[[Batch], torch.Tensor], optimizer, eager_steps: int = 3):
+    def __init__(self, core: Callable[[Batch], torch.Tensor], optimizer, eager_steps: int = 3,
+                 memset_kernels: bool = False,
+                 report: Optional[Callable[[str], None]] = None):
         self.core, self.optimizer, self.eager_steps = core, optimizer, eager_steps
+        self.memset_kernels, self.report = memset_kernels, report
         self.static: Batch | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_loss: torch.Tensor | None = None
@@ -51,10 +57,25 @@ class GraphedStep:
             return loss
         if self.graph is None:
             self.optimizer.zero_grad(set_to_none=True)
-            self.graph = torch.cuda.CUDAGraph()
+            self.graph = torch.cuda.CUDAGraph(keep_graph=True) if self.memset_kernels \
+                else torch.cuda.CUDAGraph()
             # thread_local: the DataLoader's pin-memory thread keeps querying CUDA events while
             # the main thread captures; in the default (global) mode that invalidates the capture.
             with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.static_loss = self.core(self.static)
+            if self.memset_kernels:
+                self._rewrite()
         self.graph.replay()
         return self.static_loss.clone()
+
+    def _rewrite(self) -> None:
+        """The captured graph's small memsets as kernel nodes, then instantiate it."""
+        try:
+            r = rewrite(self.graph)
+            note = (f"{r.rewritten} of the graph's {r.nodes} nodes were memsets, now kernels"
+                    + (f"; {r.kept} larger memsets kept" if r.kept else ""))
+        except GraphRewriteError as err:  # the nodes not yet replaced stay memsets
+            note = f"rewrite stopped ({err}); the rest of the graph as captured"
+        self.graph.instantiate()
+        if self.report is not None:
+            self.report(note)

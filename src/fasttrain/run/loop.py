@@ -121,7 +121,15 @@ class _Stepper:
         # an optimizer that clips inside its step (optimizer_impl=triton) takes it from here
         self.clip = bool(state.recipe.grad_clip) and not getattr(state.optimizer,
                                                                   "clips_gradients", False)
-        self.graphed = GraphedStep(self._core, state.optimizer) if state.recipe.cuda_graphs else None
+        self.graphed = GraphedStep(
+            self._core, state.optimizer,
+            memset_kernels=state.recipe.graph_memset_kernels,
+            report=self._report) if state.recipe.cuda_graphs else None
+
+    def _report(self, note: str) -> None:
+        """What the capture's memset rewrite did, after the technique's line."""
+        line = self.s.applied.get("graph_memset_kernels", "")
+        self.s.applied["graph_memset_kernels"] = f"{line}: {note}" if line else note
 
     def _core(self, batch: Batch) -> torch.Tensor:
         """Graph body: the whole step on one micro-batch (no host syncs)."""

@@ -19,6 +19,7 @@ Order and why:
   dataloader     independent of the model; recorded with the rest.
   padding        the loader's collate: variable-length batches padded to a multiple of N.
   cuda_graphs    last: it captures whatever the phases above produced.
+  graph_memset_kernels  edits that capture (the rewrite runs when the step is captured).
   accumulation   consumed by the loop.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .base import Technique, TrainState
 
 _MODULES = ("init", "allocator", "channels_last", "precision", "attention", "kernels", "fp8",
             "checkpointing", "compile", "sharding", "optimizer", "ema", "dataloader", "padding",
-            "cuda_graphs", "accumulation")
+            "cuda_graphs", "graph_memsets", "accumulation")
 
 
 def registry() -> list[Technique]:
