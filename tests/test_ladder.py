@@ -160,8 +160,9 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                            "kernels attention",  # self-attention from the qkv projection
                            "kernels patch", "kernels gelu",  # GEMM patches, MLP
                            "kernels layernorm", "autotuned reductions",  # LayerNorm backwards
-                           "dependent launch", "combo kernels"]  # how Inductor launches
-    launches = ["dependent launch", "combo kernels"]
+                           "dependent launch", "combo kernels",  # how Inductor launches
+                           "memsets as kernels"]  # and the captured graph's nodes
+    launches = ["dependent launch", "combo kernels", "memsets as kernels"]
     assert axes["sd"] == ["graphs", "one-launch optimizer", "bf16 master weights",
                           "kernels gelu", "kernels layernorm", "kernels groupnorm",
                           "kernels conv",  # the frozen VAE's input convolution
@@ -233,7 +234,10 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 13.2}, rec)  # +1.5%: kept
     assert rung.name == "fast: compile + graphs + fp8 + dependent launch + combo kernels"
     assert (rec.pdl, rec.combo_kernels) == (True, True)
-    assert search.next({**ok, "rung": rung.name, "throughput": 13.25}, rec) is None  # a tie
+    rung, rec = search.next({**ok, "rung": rung.name, "throughput": 13.25}, rec)  # a tie
+    assert rung.name == "fast: compile + graphs + fp8 + dependent launch + memsets as kernels"
+    assert (rec.pdl, rec.combo_kernels, rec.graph_memset_kernels) == (True, False, True)
+    assert search.next({**ok, "rung": rung.name, "throughput": 13.0}, rec) is None
     assert search.best["rung"] == "fast: compile + graphs + fp8 + dependent launch"
     # kernel families add up: the second one tried keeps the first that won
     swin = FastSearch(load_workload("swin", "tiny"), Recipe())

@@ -133,6 +133,9 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     # (train-inductor-launch-20261121-2139), both together +0.6% in runs A, B, B, A
     # (train-launch-switches-20261121-2149); on ViT-B -0.5% and +0.3%: the search decides
     axes += [("dependent launch", "pdl", True), ("combo kernels", "combo_kernels", True)]
+    # the libraries' small memsets in the captured graph as kernel nodes: SD +0.5% (261 a step,
+    # train-graph-memsets-sd-20261125-0045), ViT-B +0.1% (98, -vit-20261125-0050); needs graphs
+    axes.append(("memsets as kernels", "graph_memset_kernels", True))
     return axes
 
 
