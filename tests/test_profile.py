@@ -97,6 +97,7 @@ def _with(**changes):
     ("memory_growth", _with(memory__growth_mib_per_step=12.0), FAST),
     ("dtype_casts", _with(kernels__casts={"per_step": 277, "ms_per_step": 0.65, "share": 0.029}),
      FAST),
+    ("graph_memsets", _with(kernels__memsets_per_step=265), FAST.replace(cuda_graphs=True)),
 ])
 def test_gpu_rules_trigger_on_their_measurement_and_stay_quiet_on_a_clean_profile(rule, triggering, recipe):
     assert rule in _rules(triggering, recipe)
@@ -104,7 +105,19 @@ def test_gpu_rules_trigger_on_their_measurement_and_stay_quiet_on_a_clean_profil
 
 
 def test_every_rule_is_covered_above():
-    assert len(RULES) == 10
+    assert len(RULES) == 11
+
+
+def test_graph_memsets_rule_only_for_a_captured_step_without_the_switch():
+    p = _with(kernels__memsets_per_step=265, step_time_s=0.08)
+    graphed = FAST.replace(cuda_graphs=True)
+    found = {f.rule: f for f in advise(p, graphed)}["graph_memsets"]
+    assert found.evidence.startswith("265 memsets a step inside the captured graph")
+    assert found.gain == pytest.approx(265 * 1.5e-6 / 0.08)
+    assert suggest_recipe(graphed, [found]).graph_memset_kernels
+    for r in (FAST, graphed.replace(graph_memset_kernels=True)):  # not captured; already on
+        assert "graph_memsets" not in _rules(p, r)
+    assert "graph_memsets" not in _rules(_with(kernels__memsets_per_step=20), graphed)
 
 
 def test_dtype_casts_rule_suggests_master_weights_only_where_they_can_run():
@@ -195,15 +208,17 @@ def test_kernel_view_leaves_out_annotation_spans_and_counts_optimizer_spans(tmp_
               x("kernel", "triton_poi_fused__to_copy_add_view_3", 65, 5),
               x("gpu_user_annotation", "Optimizer.step#AdamW.step", 100, 50),
               x("kernel", "vectorized_elementwise_kernel<mul>", 110, 20),
-              x("cpu_op", "aten::mm", 0, 500), x("gpu_memcpy", "Memcpy HtoD", 140, 10)]
+              x("cpu_op", "aten::mm", 0, 500), x("gpu_memcpy", "Memcpy HtoD", 140, 10),
+              x("gpu_memset", "Memset (Unknown)", 35, 1)]
     path = tmp_path / "trace.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
     view = summary_from_trace(path, active_steps=1)
-    assert view["kernels"] == 6  # copies stay copies, inside the optimizer span too
+    assert view["kernels"] == 7  # copies stay copies, inside the optimizer span too
     assert view["gpu_ms_per_step"] == {"gemm": 0.04, "optimizer": 0.02, "elementwise": 0.02,
-                                       "memcpy": 0.01}
+                                       "memcpy": 0.011}
     # a pure dtype cast counts as one; a cast fused with other work does not
-    assert view["casts"] == {"per_step": 1, "ms_per_step": 0.005, "share": pytest.approx(5 / 90)}
-    assert view["idle_fraction"] == pytest.approx(1 - 90 / 150)
+    assert view["casts"] == {"per_step": 1, "ms_per_step": 0.005, "share": pytest.approx(5 / 91)}
+    assert view["memsets_per_step"] == 1
+    assert view["idle_fraction"] == pytest.approx(1 - 90 / 150)  # the memset inside the gemm
     assert all(not name.startswith(("phase:", "Optimizer")) for name, _ in view["top_kernels"])

@@ -127,6 +127,23 @@ def launch_bound(p: dict, r: Recipe) -> Finding | None:
                    "kernel launches per step", {"cuda_graphs": True} if ok else {}, idle * 0.8)
 
 
+# What each memset of a captured step costs, and graph_memset_kernels saves: SD's 261 went with
+# +0.5% of 79.5 ms (train-graph-memsets-sd-20261125-0045), about 1.5 µs each.
+MEMSET_S = 1.5e-6
+
+
+def graph_memsets(p: dict, r: Recipe) -> Finding | None:
+    """Memsets inside a captured step: each delays the kernel after it (cuBLAS's and cuDNN's
+    workspace flags); graph_memset_kernels makes them kernel nodes."""
+    n = p.get("kernels", {}).get("memsets_per_step", 0.0)
+    step = p.get("step_time_s") or 0.0
+    if p["device"] != "cuda" or not r.cuda_graphs or r.graph_memset_kernels or n < 50 or not step:
+        return None
+    return Finding("graph_memsets", f"{n:,.0f} memsets a step inside the captured graph (the "
+                   "libraries' workspace flags), each delaying the kernel after it",
+                   {"graph_memset_kernels": True}, n * MEMSET_S / step)
+
+
 def allocator_churn(p: dict, r: Recipe) -> Finding | None:
     m = p.get("memory", {})
     mallocs, pattern = m.get("cuda_malloc_per_step", 0.0), m.get("reserved_pattern")
@@ -147,7 +164,7 @@ def memory_growth(p: dict, r: Recipe) -> Finding | None:
 
 RULES: list[Callable[[dict, Recipe], Finding | None]] = [
     data_wait, optimizer_unfused, attention_math, precision_fp32, ema_per_tensor, not_compiled,
-    dtype_casts, launch_bound, allocator_churn, memory_growth]
+    dtype_casts, launch_bound, graph_memsets, allocator_churn, memory_growth]
 
 
 def advise(profile: dict, recipe: Recipe) -> list[Finding]:

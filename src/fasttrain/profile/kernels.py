@@ -42,6 +42,10 @@ CATEGORIES: list[tuple[str, re.Pattern]] = [
 # bf16 gradients back (what bf16-mixed master_weights removes). Eager casts are not counted:
 # their copy kernel also makes same-dtype strided copies, which its name does not tell apart.
 CASTS = re.compile(r"^triton_poi_fused__to_copy(_t)?_\d+$")
+# Memsets on the GPU timeline ("Memset (Device)", "Memset (Unknown)" in a CUDA graph): mostly the
+# few-byte workspace flags that cuBLAS and cuDNN zero before their kernels (what
+# graph_memset_kernels turns into kernel nodes of a captured step).
+MEMSETS = re.compile(r"^memset", re.I)
 
 
 def categorize(name: str) -> str:
@@ -87,9 +91,10 @@ def _summary(kernels: list[tuple[str, float, float]], annotations: list[tuple[st
     by_cat: dict[str, float] = defaultdict(float)
     top: Counter = Counter()
     spans = []
-    casts, cast_us = 0, 0.0
+    casts, cast_us, memsets = 0, 0.0, 0
     for name, start, us in kernels:
         cat = categorize(name)
+        memsets += bool(MEMSETS.search(name))
         if cat == "elementwise" and CASTS.search(name):
             casts, cast_us = casts + 1, cast_us + us
         if cat not in ("memcpy", "communication") and in_optimizer(start):
@@ -110,6 +115,7 @@ def _summary(kernels: list[tuple[str, float, float]], annotations: list[tuple[st
         "idle_fraction": 1.0 - busy / window if window > 0 else 0.0,
         "casts": {"per_step": casts / n, "ms_per_step": cast_us / 1e3 / n,
                   "share": cast_us / total if total else 0.0},
+        "memsets_per_step": memsets / n,
         "top_kernels": [(name[:120], us / 1e3 / n) for name, us in top.most_common(8)],
     }
 

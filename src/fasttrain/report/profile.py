@@ -20,8 +20,10 @@ def breakdown_table(p: dict) -> Table:
 def kernel_table(k: dict) -> Table | None:
     if not k.get("gpu_ms_per_step"):
         return None
-    t = Table(title=f"GPU kernels: {k['launches_per_step']:,.0f} launches/step, "
-              f"idle {k['idle_fraction']:.1%} of the window", header_style="bold")
+    memsets = k.get("memsets_per_step", 0)
+    t = Table(title=f"GPU kernels: {k['launches_per_step']:,.0f} launches/step"
+              + (f" ({memsets:,.0f} memsets)" if memsets else "")
+              + f", idle {k['idle_fraction']:.1%} of the window", header_style="bold")
     for col in ("category", "ms/step", "share"):
         t.add_column(col, justify="left" if col == "category" else "right")
     for cat, ms in k["gpu_ms_per_step"].items():
