@@ -191,7 +191,12 @@ def kernel_families(value: str) -> frozenset[str]:
 
 
 def _validate_graphs(r: Recipe) -> None:
-    """What a whole-step CUDA graph cannot capture."""
+    """What a whole-step CUDA graph cannot capture, and what needs one."""
+    if not r.cuda_graphs:
+        if r.graph_memset_kernels:
+            raise FasttrainError("recipe: graph_memset_kernels rewrites the captured step's "
+                                 "CUDA graph; set cuda_graphs=true")
+        return
     if r.offload != "none" or r.schedule != "constant" or (
             r.master_weights and r.precision != "bf16-mixed"):
         raise FasttrainError("recipe: cuda_graphs captures a device-only step with a constant "
@@ -288,11 +293,7 @@ def validate(r: Recipe) -> None:
         raise FasttrainError("recipe: prefetch_factor must be >= 1")
     if r.pad_multiple < 0:
         raise FasttrainError("recipe: pad_multiple must be >= 0 (0 pads to the longest item)")
-    if r.cuda_graphs:
-        _validate_graphs(r)
-    elif r.graph_memset_kernels:
-        raise FasttrainError("recipe: graph_memset_kernels rewrites the captured step's CUDA "
-                             "graph; set cuda_graphs=true")
+    _validate_graphs(r)
 
 
 def _coerce(name: str, raw: Any, kind: type) -> Any:

@@ -94,7 +94,8 @@ def _summary(kernels: list[tuple[str, float, float]], annotations: list[tuple[st
     casts, cast_us, memsets = 0, 0.0, 0
     for name, start, us in kernels:
         cat = categorize(name)
-        memsets += bool(MEMSETS.search(name))
+        if cat == "memcpy":
+            memsets += bool(MEMSETS.search(name))
         if cat == "elementwise" and CASTS.search(name):
             casts, cast_us = casts + 1, cast_us + us
         if cat not in ("memcpy", "communication") and in_optimizer(start):

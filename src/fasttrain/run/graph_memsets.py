@@ -76,6 +76,14 @@ class _MemsetParams(ctypes.Structure):  # CUDA_MEMSET_NODE_PARAMS
                 ("value", ctypes.c_uint), ("elementSize", ctypes.c_uint),
                 ("width", ctypes.c_size_t), ("height", ctypes.c_size_t)]
 
+    @property
+    def row_bytes(self) -> int:
+        return self.width * self.elementSize
+
+    @property
+    def bytes(self) -> int:
+        return self.row_bytes * self.height
+
 
 class _KernelParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS (v1)
     _fields_ = [("func", ctypes.c_void_p),
@@ -114,7 +122,9 @@ def _call(name: str, *args) -> None:
 
 
 def _function() -> ctypes.c_void_p:
-    """The memset kernel, loaded into the current device's context once."""
+    """The memset kernel, loaded into the current device's context once (the driver first: it
+    names what is missing before any CUDA call)."""
+    _driver()
     dev = torch.cuda.current_device()
     if dev not in _functions:
         module, func = ctypes.c_void_p(), ctypes.c_void_p()
@@ -144,10 +154,9 @@ def _replace(graph: ctypes.c_void_p, node: ctypes.c_void_p, p: _MemsetParams,
     """One memset node → a kernel node with the same edges."""
     deps = _nodes("cuGraphNodeGetDependencies", node)
     outs = _nodes("cuGraphNodeGetDependentNodes", node)
-    wbytes = p.width * p.elementSize
-    total = wbytes * p.height
+    total = p.bytes
     args = [ctypes.c_uint64(p.dst), ctypes.c_uint64(p.pitch), ctypes.c_uint32(p.value),
-            ctypes.c_uint32(p.elementSize), ctypes.c_uint64(wbytes), ctypes.c_uint64(total)]
+            ctypes.c_uint32(p.elementSize), ctypes.c_uint64(p.row_bytes), ctypes.c_uint64(total)]
     ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p)
                                            for a in args])
     kp = _KernelParams(func=func, gridDimX=max(1, -(-total // _BLOCK)), gridDimY=1, gridDimZ=1,
@@ -181,16 +190,14 @@ def _memset_params(node: ctypes.c_void_p) -> _MemsetParams | None:
 def memsets(graph: torch.cuda.CUDAGraph) -> list[int]:
     """Bytes of each memset node of ``graph`` (captured with ``keep_graph=True``)."""
     raw = ctypes.c_void_p(graph.raw_cuda_graph())
-    return [p.width * p.elementSize * p.height for p in map(_memset_params,
-                                                            _nodes("cuGraphGetNodes", raw))
-            if p is not None]
+    params = map(_memset_params, _nodes("cuGraphGetNodes", raw))
+    return [p.bytes for p in params if p is not None]
 
 
 def rewrite(graph: torch.cuda.CUDAGraph, max_bytes: int = 4096) -> RewriteResult:
     """Replace the memset nodes of at most ``max_bytes`` of ``graph`` (captured with
     ``keep_graph=True``, instantiated afterwards) by kernel nodes."""
     raw = ctypes.c_void_p(graph.raw_cuda_graph())
-    _driver()
     func = _function()
     nodes = _nodes("cuGraphGetNodes", raw)
     done = kept = 0
@@ -198,7 +205,7 @@ def rewrite(graph: torch.cuda.CUDAGraph, max_bytes: int = 4096) -> RewriteResult
         p = _memset_params(node)
         if p is None:
             continue
-        if p.width * p.elementSize * p.height > max_bytes or p.elementSize not in (1, 2, 4):
+        if p.bytes > max_bytes or p.elementSize not in (1, 2, 4):
             kept += 1
             continue
         _replace(raw, node, p, func)
