@@ -107,6 +107,8 @@ def main() -> None:
     call(norms._ln_bwd, x, None, h, w, mean, rstd, False)
     call(norms._rms_fwd, x, h, w, 1e-5, bf)
     call(norms._rms_bwd, x, None, h, w, rstd)
+    call(norms._ln_bwd, x, h.clone(), h, w, mean, rstd, True, bf)  # x's gradient in bf16 too
+    call(norms._rms_bwd, x, h.clone(), h, w, rstd, bf)
 
     qkv, pos = rnd(2, 14, 14, 3 * 64), rnd(2, 49, 49, dtype=f32)
     shift_mask = torch.zeros(4, 49, 49)
@@ -114,10 +116,11 @@ def main() -> None:
     call(window_attention._bwd, rnd(2, 14, 14, 64), qkv, out, lse, pos, shift_mask, 2, 0.18,
          [14, 14, 7, 7, 3])
 
-    for T, batch_second in ((197, False), (64, True)):  # a partial block of 16; none
+    for T, batch_second, sums in ((197, False, False), (64, True, False),  # a partial block; none
+                                  (197, False, True)):  # the bias gradient's column sums
         qkv = rnd(T, 2, 3 * 128) if batch_second else rnd(2, T, 3 * 128)
-        out, lse = call(seq_attention._fwd, qkv, 2, 0.125, batch_second)
-        call(seq_attention._bwd, rnd(*out.shape), qkv, out, lse, 2, 0.125, batch_second)
+        out, lse = call(seq_attention._fwd, qkv, None, 2, 0.125, batch_second)
+        call(seq_attention._bwd, rnd(*out.shape), qkv, out, lse, 2, 0.125, batch_second, sums)
 
     q, k = rnd(2, 4, 16, 64), rnd(2, 2, 16, 64)
     cos, sin = rnd(16, 32, dtype=f32), rnd(16, 32, dtype=f32)

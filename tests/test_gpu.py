@@ -233,6 +233,15 @@ def test_seq_attention_compiled_on_cuda_matches_the_reference():
     _compiled_and_reference(lambda q: seq_attention(q, 12),
                             lambda q: seq_attention_reference(q, 12), [qkv],
                             lambda out: (out.float() * cot).sum())
+    # the projection with its bias, whose gradient the backward kernels sum
+    from fasttrain.kernels.seq_attention import (projected_seq_attention,
+                                                 projected_seq_attention_reference)
+    x = torch.randn(16, 197, 768, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3 * 768, 768, device="cuda", dtype=torch.bfloat16) / 28
+    b = 0.2 * torch.randn(3 * 768, device="cuda", dtype=torch.bfloat16)
+    _compiled_and_reference(lambda *a: projected_seq_attention(*a, 12),
+                            lambda *a: projected_seq_attention_reference(*a, 12), [x, w, b],
+                            lambda out: (out.float() * cot).sum())
 
 
 def test_activation_and_rope_kernels_compiled_on_cuda_match_the_reference():

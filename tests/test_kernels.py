@@ -109,6 +109,33 @@ def test_autocast_dtypes_bf16_branch_onto_an_fp32_stream(op):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("op", list(OPS))
+def test_x_gradient_comes_out_of_the_backward_in_x_dtype(op, x_dtype, monkeypatch):
+    # onto an fp32 stream: a bf16 x's gradient is the backward's second store of dx, rounded
+    # from the same fp32 values as the residual's (no cast pass); an fp32 x's is dx itself and
+    # the ops return an empty placeholder (small tiles: 19 of 2 rows, masked columns)
+    monkeypatch.setitem(norms.LAUNCH, "bwd_elements", 64)
+    fused, reference = OPS[op]
+    args, (dy, dh) = _inputs(op, (37, 24), x_dtype, True)
+    args["residual"] = args["residual"].float()
+    _, grads = _run(fused, args, [dy, dh.float()], upcast=False)
+    _, want = _run(reference, args, [dy, dh.float()], upcast=True)
+    assert (grads["x"].dtype, grads["residual"].dtype) == (x_dtype, torch.float32)
+    torch.testing.assert_close(grads["x"].float(), want["x"], **TOL[x_dtype])
+    assert torch.equal(grads["x"], grads["residual"].to(x_dtype))
+    x, r, w = args["x"], args["residual"], args["weight"]
+    if op == "rms":
+        _, h, rstd = torch.ops.fasttrain.rms_norm_fwd(x, r, w, 1e-5, None)
+        dx, dx2, _ = torch.ops.fasttrain.rms_norm_bwd(dy, dh.float(), h, w, rstd, x_dtype)
+    else:
+        _, h, mean, rstd = torch.ops.fasttrain.layer_norm_fwd(x, None, r, w, None, 1e-5, None)
+        dx, dx2, _ = torch.ops.fasttrain.layer_norm_bwd(dy, dh.float(), h, w, mean, rstd, False,
+                                                        x_dtype)
+    assert dx.dtype == torch.float32 and dx2.dtype == x_dtype
+    assert dx2.shape == ((37, 24) if x_dtype == torch.bfloat16 else (0,))
+
+
 @pytest.mark.parametrize("dtype, xb_dtype, res_dtype", [
     (torch.float32, torch.float32, torch.float32),
     (torch.bfloat16, torch.float32, torch.float32),  # autocast: bf16 branch, fp32 bias, stream

@@ -70,6 +70,36 @@ def test_launch_settings_and_layouts_match_the_reference(monkeypatch, block, tok
         torch.testing.assert_close(a, b, **TOL[torch.float32], msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("dtype, tokens, head_dim, batch_second", [
+    (torch.float32, 70, 24, False),  # blocks of 32: two full, a partial one of 6 rows (padded)
+    (torch.bfloat16, 197, 64, False),  # ViT-B/16's length and head dim
+    (torch.float32, 40, 16, True),
+], ids=["fp32-70", "bf16-197", "batch-second"])
+def test_projected_attention_sums_the_bias_gradient_in_its_kernels(monkeypatch, dtype, tokens,
+                                                                   head_dim, batch_second):
+    if tokens == 70:
+        for way in ("fwd", "bwd"):
+            monkeypatch.setitem(module.LAUNCH, f"{way}_block", 32)
+    g = torch.Generator().manual_seed(1)
+    x, cot = _inputs(2, tokens, 2, head_dim, dtype, batch_second)
+    x = x[..., :2 * head_dim].contiguous()  # the model width C = heads · head_dim
+    weight = (torch.randn(3 * 2 * head_dim, 2 * head_dim, generator=g) / 8).to(dtype)
+    bias = (torch.randn(3 * 2 * head_dim, generator=g) * 0.2).to(dtype)
+    results = []
+    for fn in (module.projected_seq_attention, module.projected_seq_attention_reference):
+        leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+        out = fn(*leaves, 2, batch_second=batch_second)
+        out.backward(cot)
+        results.append((out.detach(), *(t.grad for t in leaves)))
+    for name, a, b in zip(("out", "dx", "dweight", "dbias"), *results):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        tol = TOL[dtype] if dtype == torch.float32 else \
+            dict(rtol=3e-2, atol=3e-2 * b.float().abs().max().item())  # sums of bf16 products
+        torch.testing.assert_close(a, b, **tol, msg=lambda m: f"{name}: {m}")
+    with pytest.raises(ValueError, match="bias must be a vector of the projection's"):
+        module.projected_seq_attention(x, weight, bias[1:], 2)
+
+
 def test_the_reference_is_sdpa_on_the_permuted_projection():
     qkv, _ = _inputs(2, 9, 2, 8, torch.float64)
     q, k, v = qkv.view(2, 9, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)

@@ -46,6 +46,17 @@ def _load(ptrs, rows, T: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
 
 
 @triton.jit
+def _store_colsums(ptr, value, rows, T: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                   FULL: tl.constexpr):
+    """Store the column sums of an fp32 gradient tile's existing rows at ``ptr``: one
+    program's share of the qkv projection bias's gradient."""
+    if not FULL:
+        value = tl.where((rows < T)[:, None], value, 0.0)
+    dcols = tl.arange(0, BLOCK_D)
+    tl.store(ptr + dcols, tl.reduce(value, 0, add), mask=dcols < D)
+
+
+@triton.jit
 def _store(ptrs, value, rows, T: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
            FULL: tl.constexpr):
     """Store ``value``'s existing rows and columns at ``ptrs`` (see ``_load``)."""
@@ -173,14 +184,14 @@ def _dq_keys(q, do, lse, delta, dq, k_ptr, seq, k0, scale2, T: tl.constexpr,
 
 
 @triton.jit
-def _dq_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, seq, sh, head, row0,
-              scale, scale2, T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr,
+def _dq_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, parts_ptr, seq, sh,
+              head, row0, scale, scale2, T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr,
               OB: tl.constexpr, OT: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
               BLOCK_D: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
-              FULL_M: tl.constexpr):
-    """dq and rowsum(dO ∘ O) of query rows row0 … row0 + BLOCK_M. Padded rows: q and dO are 0,
-    so their dS is 0."""
+              FULL_M: tl.constexpr, SUMS: tl.constexpr):
+    """dq and rowsum(dO ∘ O) of query rows row0 … row0 + BLOCK_M (SUMS: and dq's column sums
+    at ``parts_ptr``). Padded rows: q and dO are 0, so their dS is 0."""
     head_ptr = qkv_ptr + head * D
     offs, rows = _offsets(seq, row0, SB, ST, BLOCK_M, BLOCK_D)
     q = _load(head_ptr + offs, rows, T, D, BLOCK_D, FULL_M)
@@ -197,29 +208,35 @@ def _dq_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, seq, sh,
     if TAIL > 0:
         dq = _dq_keys(q, do, lse, delta, dq, head_ptr + C, seq, KFULL, scale2, T, SB, ST, C,
                       D, TAIL, BLOCK_D, DOT, False)
-    _store(dqkv_ptr + head * D + offs, dq * scale, rows, T, D, BLOCK_D, FULL_M)
+    dq *= scale
+    _store(dqkv_ptr + head * D + offs, dq, rows, T, D, BLOCK_D, FULL_M)
     _store_rows(delta_ptr + sh * T, rows, delta, T, FULL_M)
+    if SUMS:
+        _store_colsums(parts_ptr + head * D, dq, rows, T, D, BLOCK_D, FULL_M)
 
 
 @triton.jit
-def _dq_kernel(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, scale,
+def _dq_kernel(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, parts_ptr, scale,
                T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr, OB: tl.constexpr,
                OT: tl.constexpr, C: tl.constexpr, D: tl.constexpr, H: tl.constexpr,
                NBLK: tl.constexpr, WIDE: tl.constexpr, DOT: tl.constexpr,
                STAGES: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
-               TB: tl.constexpr, BLOCK_D: tl.constexpr):
+               TB: tl.constexpr, BLOCK_D: tl.constexpr, SUMS: tl.constexpr):
     """Program ``pid``: dq of query block ``pid % NBLK`` of sequence × head ``pid // NBLK``,
-    written into dqkv's q columns, and its rows' rowsum(dO ∘ O) for the dk/dv kernel."""
+    written into dqkv's q columns, and its rows' rowsum(dO ∘ O) for the dk/dv kernel.
+    SUMS: dq's column sums too, into row ``sequence · NBLK + block`` of the (B · NBLK, 3 · C)
+    partials of the qkv bias's gradient."""
     blk, sh, seq, head, row0 = _program(H, NBLK, WIDE, BLOCK)
     scale, scale2 = _scales(scale)
+    parts_ptr += (seq * NBLK + blk) * (3 * C)
     if blk < T // BLOCK:
-        _dq_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, seq, sh, head, row0,
-                  scale, scale2, T, SB, ST, OB, OT, C, D, BLOCK, BLOCK, TAIL, BLOCK_D, DOT,
-                  STAGES, True)
+        _dq_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, parts_ptr, seq, sh,
+                  head, row0, scale, scale2, T, SB, ST, OB, OT, C, D, BLOCK, BLOCK, TAIL,
+                  BLOCK_D, DOT, STAGES, True, SUMS)
     else:
-        _dq_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, seq, sh, head, row0,
-                  scale, scale2, T, SB, ST, OB, OT, C, D, TB, BLOCK, TAIL, BLOCK_D, DOT, STAGES,
-                  False)
+        _dq_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, parts_ptr, seq, sh,
+                  head, row0, scale, scale2, T, SB, ST, OB, OT, C, D, TB, BLOCK, TAIL, BLOCK_D,
+                  DOT, STAGES, False, SUMS)
 
 
 @triton.jit
@@ -243,13 +260,15 @@ def _dkv_queries(k, v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, seq, q0, scale
 
 
 @triton.jit
-def _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, seq, sh, head, row0, scale,
-               scale2, T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr, OB: tl.constexpr,
-               OT: tl.constexpr, C: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK: tl.constexpr, TAIL: tl.constexpr, BLOCK_D: tl.constexpr,
-               DOT: tl.constexpr, STAGES: tl.constexpr, FULL_N: tl.constexpr):
+def _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, seq, sh, head,
+               row0, scale, scale2, T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr,
+               OB: tl.constexpr, OT: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
+               BLOCK_D: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
+               FULL_N: tl.constexpr, SUMS: tl.constexpr):
     """dk and dv of key rows row0 … row0 + BLOCK_N of one sequence and head, over the full
-    blocks of BLOCK queries, then the partial one of TAIL."""
+    blocks of BLOCK queries, then the partial one of TAIL (SUMS: and their column sums at
+    ``parts_ptr``)."""
     q_ptr = qkv_ptr + head * D
     offs, rows = _offsets(seq, row0, SB, ST, BLOCK_N, BLOCK_D)
     k = _load(q_ptr + C + offs, rows, T, D, BLOCK_D, FULL_N)
@@ -265,24 +284,31 @@ def _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, seq, sh, head, r
         dk, dv = _dkv_queries(k, v, dk, dv, q_ptr, dout_ptr + head * D, lse_ptr + sh * T,
                               delta_ptr + sh * T, seq, QFULL, scale2, T, SB, ST, OB, OT, D,
                               TAIL, BLOCK_D, DOT, False)
-    _store(dqkv_ptr + C + head * D + offs, dk * scale, rows, T, D, BLOCK_D, FULL_N)
+    dk *= scale
+    _store(dqkv_ptr + C + head * D + offs, dk, rows, T, D, BLOCK_D, FULL_N)
     _store(dqkv_ptr + 2 * C + head * D + offs, dv, rows, T, D, BLOCK_D, FULL_N)
+    if SUMS:  # padded keys' rows are not 0 here (their k is, not their probabilities)
+        _store_colsums(parts_ptr + C + head * D, dk, rows, T, D, BLOCK_D, FULL_N)
+        _store_colsums(parts_ptr + 2 * C + head * D, dv, rows, T, D, BLOCK_D, FULL_N)
 
 
 @triton.jit
-def _dkv_kernel(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, scale,
+def _dkv_kernel(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, scale,
                 T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr, OB: tl.constexpr,
                 OT: tl.constexpr, C: tl.constexpr, D: tl.constexpr, H: tl.constexpr,
                 NBLK: tl.constexpr, WIDE: tl.constexpr, DOT: tl.constexpr,
                 STAGES: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
-                TB: tl.constexpr, BLOCK_D: tl.constexpr):
+                TB: tl.constexpr, BLOCK_D: tl.constexpr, SUMS: tl.constexpr):
     """Program ``pid``: dk and dv of key block ``pid % NBLK`` of sequence × head
-    ``pid // NBLK``, written into dqkv's k and v columns."""
+    ``pid // NBLK``, written into dqkv's k and v columns (SUMS: as in ``_dq_kernel``)."""
     blk, sh, seq, head, row0 = _program(H, NBLK, WIDE, BLOCK)
     scale, scale2 = _scales(scale)
+    parts_ptr += (seq * NBLK + blk) * (3 * C)
     if blk < T // BLOCK:
-        _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, seq, sh, head, row0, scale,
-                   scale2, T, SB, ST, OB, OT, C, D, BLOCK, BLOCK, TAIL, BLOCK_D, DOT, STAGES, True)
+        _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, seq, sh, head,
+                   row0, scale, scale2, T, SB, ST, OB, OT, C, D, BLOCK, BLOCK, TAIL, BLOCK_D,
+                   DOT, STAGES, True, SUMS)
     else:
-        _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, seq, sh, head, row0, scale,
-                   scale2, T, SB, ST, OB, OT, C, D, TB, BLOCK, TAIL, BLOCK_D, DOT, STAGES, False)
+        _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, seq, sh, head,
+                   row0, scale, scale2, T, SB, ST, OB, OT, C, D, TB, BLOCK, TAIL, BLOCK_D, DOT,
+                   STAGES, False, SUMS)

@@ -8,6 +8,8 @@ What is fused
     well: it reads dy, the gradient arriving at h (the residual stream), h and the
     statistics, and writes dx (which is also the residual's gradient) plus per-program
     partial sums of dweight/dbias that one final ``torch.sum`` reduces (no atomics).
+    Where x's dtype differs from the stream's (a bf16 branch on an fp32 stream), x's gradient
+    comes out of the same pass in x's dtype, a second store of dx, instead of a cast pass.
     Without ``residual`` they are plain RMSNorm / LayerNorm and return only ``y``.
     ``layer_norm(..., residual, x_bias=b)`` also takes the bias of the linear layer that made
     x, left out of its matmul: ``h = x + b + residual``, and the backward sums dx over the rows
@@ -47,12 +49,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._triton import add, launch, op, output_grad, programs_cap, sum0
+from ._triton import INTERPRETED, add, launch, op, output_grad, programs_cap, sum0
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_reference", "layer_norm_reference"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-Tensors2 = tuple[torch.Tensor, torch.Tensor]
 Tensors3 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 # Tiles (H200, kernels-micro-norms-20261121-1352: fastest summed over Swin-B's widths): elements
@@ -61,13 +62,33 @@ Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 # (launch-tune-20261121-1633: 3 stages at one program per SM with 4 warps over 4,096 elements
 # took add + LayerNorm forward + backward 10-19% below 8 warps, 8,192 elements, 2 programs, no
 # pipelining, at Swin-B's and ViT-B's widths, and RMSNorm 9% at Llama's).
+# With x's gradient stored a second time in bf16 (x bf16 on an fp32 stream), 8 warps: 95 µs
+# against 4 warps' 119 at ViT-B's (25,216 × 768), the same at Swin-B stage 1's width 128
+# (ln-bwd-tune-20261125-0316).
 LAUNCH = {"fwd_elements": 8192, "bwd_elements": 4096, "max_rows": 64, "fwd_warps": 8,
-          "bwd_warps": 4, "programs_per_sm": 1, "bwd_stages": 3}
+          "bwd_warps": 4, "bwd_copy_warps": 8, "programs_per_sm": 1, "bwd_stages": 3}
 
 
 # ----------------------------------------------------------------------------- kernels
 # Only builtins of triton.language and the reductions of ._triton, not triton.language's
 # @triton.jit library (tl.sum, tl.zeros): see ._triton.
+
+# fp32 to x's dtype as torch's .to() rounds it (to nearest even), for x's gradient: compiled
+# Triton's cast does; the interpreter's truncates fp32 to bf16 (and mangles subnormals), so
+# there the bits are rounded as torch rounds them (any NaN as the quiet NaN 0x7FC0).
+if INTERPRETED:
+    @triton.jit
+    def _rounded(v, dtype: tl.constexpr):
+        if dtype == tl.bfloat16:
+            bits = v.to(tl.uint32, bitcast=True)
+            bits = tl.where(v == v, (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16, 0x7FC0)
+            return bits.to(tl.uint16).to(dtype, bitcast=True)
+        return v.to(dtype)
+else:
+    @triton.jit
+    def _rounded(v, dtype: tl.constexpr):
+        return v.to(dtype)
+
 
 @triton.jit
 def _fwd_kernel(x_ptr, xb_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, n_rows, D,
@@ -106,13 +127,15 @@ def _fwd_kernel(x_ptr, xb_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd
 
 
 @triton.jit
-def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, parts_ptr,
+def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dx2_ptr, parts_ptr,
                 n_rows, D, RMS: tl.constexpr, HAS_DH: tl.constexpr, HAS_XB: tl.constexpr,
-                K: tl.constexpr, STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                HAS_DX2: tl.constexpr, K: tl.constexpr, STAGES: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """Persistent: program p walks row tiles p, p + programs, … (neighbours run side by
-    side), writes dx for each and sums dy·x̂ (and dy, and dx for x's bias) over all of them
-    in register tiles, which it reduces to its rows of partials (programs, K, D) at the end:
-    weight, then LayerNorm's bias, then x's bias (K rows)."""
+    side), writes dx for each (HAS_DX2: a second time, rounded from the same fp32 values to
+    dx2's dtype, x's) and sums dy·x̂ (and dy, and dx for x's bias) over all of them in register
+    tiles, which it reduces to its rows of partials (programs, K, D) at the end: weight, then
+    LayerNorm's bias, then x's bias (K rows)."""
     pid = tl.program_id(0)
     progs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_D)
@@ -145,6 +168,8 @@ def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, parts_
         if HAS_XB:
             dxb += dx  # masked lanes are 0: dy, dh and x̂ load as 0 there
         tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_DX2:  # x's gradient, as dx.to(x's dtype) would round it (dx is fp32 there)
+            tl.store(dx2_ptr + off, _rounded(dx, dx2_ptr.dtype.element_ty), mask=mask)
         dw += dy * xhat
     part = parts_ptr + pid * K * D + cols
     tl.store(part, sum0(dw), mask=cmask)
@@ -199,11 +224,15 @@ def _fwd(x: torch.Tensor, x_bias: Optional[torch.Tensor], residual: Optional[tor
 
 
 def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: torch.Tensor,
-         mean: torch.Tensor, rstd: torch.Tensor, rms: bool, x_bias: bool = False) -> Tensors2:
-    """dx and the parameter gradients as rows of one (K, D) fp32 tensor (one reduction
-    launch for all): dweight, (LayerNorm only) dbias, (with ``x_bias``) the sum of dx."""
+         mean: torch.Tensor, rstd: torch.Tensor, rms: bool, x_bias: bool = False,
+         x_dtype: Optional[torch.dtype] = None) -> Tensors3:
+    """dx, dx again in ``x_dtype`` where that differs from h's (x's gradient; else empty), and
+    the parameter gradients as rows of one (K, D) fp32 tensor (one reduction launch for all):
+    dweight, (LayerNorm only) dbias, (with ``x_bias``) the sum of dx."""
     rows, d = h.shape
     dx = torch.empty_like(h)
+    has_dx2 = x_dtype not in (None, h.dtype)
+    dx2 = torch.empty_like(h, dtype=x_dtype) if has_dx2 else h.new_empty(0)
     block_m, block_d = _tile(d, LAUNCH["bwd_elements"])
     loaded = h.element_size() + dy.element_size() + (0 if dh is None else dh.element_size())
     progs = max(1, min(triton.cdiv(rows, block_m),
@@ -213,11 +242,13 @@ def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: 
     parts = alloc((progs, k, d), device=h.device, dtype=torch.float32)
     if rows > 0:
         launch(_bwd_kernel, (progs,),
-               dy, dy if dh is None else dh, h, weight, rstd if rms else mean, rstd, dx, parts,
-               rows, d, RMS=rms, HAS_DH=dh is not None, HAS_XB=x_bias, K=k,
+               dy, dy if dh is None else dh, h, weight, rstd if rms else mean, rstd, dx,
+               dx2 if has_dx2 else dx, parts, rows, d, RMS=rms, HAS_DH=dh is not None,
+               HAS_XB=x_bias, HAS_DX2=has_dx2, K=k,
                STAGES=_stages(block_m * block_d * loaded), BLOCK_M=block_m, BLOCK_D=block_d,
-               num_warps=_warps(block_m, block_d, LAUNCH["bwd_warps"]))
-    return dx, parts.sum(0)
+               num_warps=_warps(block_m, block_d,
+                                LAUNCH["bwd_copy_warps" if has_dx2 else "bwd_warps"]))
+    return dx, dx2, parts.sum(0)
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -231,9 +262,11 @@ def _rms_fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Te
 
 @op("fasttrain::rms_norm_bwd")
 def _rms_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
-             weight: torch.Tensor, rstd: torch.Tensor) -> Tensors2:
-    dx, dw = _bwd(dy, dh, h, weight, rstd, rstd, rms=True)
-    return dx, dw.view(-1)
+             weight: torch.Tensor, rstd: torch.Tensor,
+             x_dtype: Optional[torch.dtype] = None) -> Tensors3:
+    """dx, dx in ``x_dtype`` where that differs from h's (else empty), dweight."""
+    dx, dx2, dw = _bwd(dy, dh, h, weight, rstd, rstd, rms=True, x_dtype=x_dtype)
+    return dx, dx2, dw.view(-1)
 
 
 @op("fasttrain::layer_norm_fwd")
@@ -246,9 +279,10 @@ def _ln_fwd(x: torch.Tensor, x_bias: Optional[torch.Tensor], residual: Optional[
 @op("fasttrain::layer_norm_bwd")
 def _ln_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
             weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-            x_bias: bool) -> Tensors2:
-    """dx and (K, D) parameter gradients: weight, bias, (with ``x_bias``) x's bias."""
-    return _bwd(dy, dh, h, weight, mean, rstd, rms=False, x_bias=x_bias)
+            x_bias: bool, x_dtype: Optional[torch.dtype] = None) -> Tensors3:
+    """dx, dx in ``x_dtype`` where that differs from h's (else empty), and (K, D) parameter
+    gradients: weight, bias, (with ``x_bias``) x's bias."""
+    return _bwd(dy, dh, h, weight, mean, rstd, rms=False, x_bias=x_bias, x_dtype=x_dtype)
 
 
 def _stream_grad(ctx, dh: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -257,9 +291,12 @@ def _stream_grad(ctx, dh: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return dh.contiguous() if ctx.has_res and dh is not None else None
 
 
-def _input_grads(ctx, dx: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """dx (in h's dtype) as the gradients of x and of the residual, each in its own dtype."""
-    return dx.to(ctx.x_dtype), (dx.to(ctx.res_dtype) if ctx.has_res else None)
+def _input_grads(ctx, dx: torch.Tensor, dx2: torch.Tensor
+                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """dx (in h's dtype) as the gradients of x and of the residual, each in its own dtype: x's
+    is the backward's second copy ``dx2`` where x's dtype differs from h's (no cast pass)."""
+    dx_x = dx if ctx.x_dtype == dx.dtype else dx2
+    return dx_x, (dx.to(ctx.res_dtype) if ctx.has_res else None)
 
 
 def _save_dtypes(ctx, x: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
@@ -275,9 +312,9 @@ def _rms_setup(ctx, inputs, output) -> None:
 
 def _rms_backward(ctx, dy, dh, _drstd):
     h, weight, rstd = ctx.saved_tensors
-    dx, dw = torch.ops.fasttrain.rms_norm_bwd(output_grad(h, dy), _stream_grad(ctx, dh), h,
-                                              weight, rstd)
-    return *_input_grads(ctx, dx), dw.to(weight.dtype), None, None
+    dx, dx2, dw = torch.ops.fasttrain.rms_norm_bwd(output_grad(h, dy), _stream_grad(ctx, dh),
+                                                   h, weight, rstd, ctx.x_dtype)
+    return *_input_grads(ctx, dx, dx2), dw.to(weight.dtype), None, None
 
 
 def _ln_setup(ctx, inputs, output) -> None:
@@ -291,11 +328,11 @@ def _ln_setup(ctx, inputs, output) -> None:
 def _ln_backward(ctx, dy, dh, _dmean, _drstd):
     h, weight, mean, rstd = ctx.saved_tensors
     has_xb = ctx.x_bias_dtype is not None
-    dx, sums = torch.ops.fasttrain.layer_norm_bwd(output_grad(h, dy), _stream_grad(ctx, dh), h,
-                                                  weight, mean, rstd, has_xb)
+    dx, dx2, sums = torch.ops.fasttrain.layer_norm_bwd(
+        output_grad(h, dy), _stream_grad(ctx, dh), h, weight, mean, rstd, has_xb, ctx.x_dtype)
     db = None if ctx.bias_dtype is None else sums[1].to(ctx.bias_dtype)
     dxb = sums[2].to(ctx.x_bias_dtype) if has_xb else None
-    dx, dres = _input_grads(ctx, dx)
+    dx, dres = _input_grads(ctx, dx, dx2)
     return dx, dxb, dres, sums[0].to(weight.dtype), db, None, None
 
 

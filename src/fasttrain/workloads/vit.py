@@ -45,7 +45,7 @@ class SelfAttention(nn.Module):
     the heads put back side by side. Fused (``kernels=attention``): ``kernels.seq_attention``,
     one Triton kernel each way straight from the qkv projection's (B, T, 3·C) output, which
     writes (B, T, C) and, backward, the qkv gradient in that layout (no permutes, no stack of
-    dq, dk, dv)."""
+    dq, dk, dv); the backward kernels also sum the qkv bias's gradient."""
 
     fused_kind, fused_triton, replaces_sdpa = "attention", True, True
     attention_name = "self-attention"
@@ -64,9 +64,13 @@ class SelfAttention(nn.Module):
                 ) -> torch.Tensor:
         """``proj_bias=False`` leaves the output projection's bias out, for the caller to add."""
         if self.fused:  # (B, T, C), or (T, B, C) batch second, in and out
-            from ..kernels.seq_attention import seq_attention
+            from ..kernels.seq_attention import projected_seq_attention, seq_attention
 
-            out = seq_attention(self.qkv(x), self.heads, batch_second=self.batch_second)
+            if type(self.qkv) is nn.Linear:
+                out = projected_seq_attention(x, self.qkv.weight, self.qkv.bias, self.heads,
+                                              batch_second=self.batch_second)
+            else:  # another technique's linear layer (fp8): its own forward and bias gradient
+                out = seq_attention(self.qkv(x), self.heads, batch_second=self.batch_second)
         elif self.batch_second:  # (T, B, C) → heads-major (3, B, H, T, D)
             T, B, C = x.shape
             qkv = self.qkv(x).view(T, B, 3, self.heads, C // self.heads).permute(2, 1, 3, 0, 4)
