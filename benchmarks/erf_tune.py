@@ -73,6 +73,7 @@ import triton.language as tl  # noqa: E402
 from fasttrain.env import environment  # noqa: E402
 from fasttrain.kernels import activations as act  # noqa: E402
 from fasttrain.kernels._triton import INTERPRETED  # noqa: E402
+from fasttrain.kernels.activations import _columns, _gelu_and_grad, _rows  # noqa: E402
 from kernels_micro import append_rows, graph_ms  # noqa: E402  (benchmarks/, this script's folder)
 
 SHAPES = [("vit-B fc1", 128 * 197, 3072), ("swin-B stage 1 fc1", 64 * 3136, 512)]
@@ -80,7 +81,6 @@ DEVICE = "cuda"  # of the benchmark
 FORMS = {"identity": 0, "libdevice": 1, "erfc-nr": 2, "minimax": 3, "minimax-plain": 4}
 
 _COMPILED = tl.constexpr(not INTERPRETED)  # the interpreter has no inline PTX
-_SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2*pi)
 _NEG_HALF_LOG2E = tl.constexpr(-0.7213475204444817)  # exp(-z²/2) = 2^(z² · this)
 _LN2 = tl.constexpr(0.6931471805599453)
@@ -123,14 +123,6 @@ def _rcp(d):
                                          dtype=tl.float32, is_pure=True, pack=1)
     else:
         return tl.fdiv(1.0, d, approx=True)
-
-
-@triton.jit
-def _libdevice(z):
-    """The library's ``_gelu_and_grad`` (exact GELU), as it is."""
-    cdf = 0.5 * (1.0 + tl.math.erf(z * _SQRT1_2))
-    pdf = tl.exp(-0.5 * z * z) * _INV_SQRT_2PI
-    return z * cdf, cdf + z * pdf
 
 
 @triton.jit
@@ -188,7 +180,7 @@ def _minimax(z, ACC: tl.constexpr):
 def _act(z, FORM: tl.constexpr):
     """(gelu(z), gelu'(z)) by formulation FORM (``FORMS``); 0: (z, 1), the same traffic."""
     if FORM == 1:
-        return _libdevice(z)
+        return _gelu_and_grad(z, False)  # the library's exact GELU, as it is
     elif FORM == 2:
         return _erfc_nr(z)
     elif FORM == 3:
@@ -200,20 +192,8 @@ def _act(z, FORM: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------- kernels
-# The library's _bias_gelu_fwd_kernel / _bias_gelu_bwd_kernel (with a bias), the math switched.
-
-@triton.jit
-def _columns(D, BLOCK_D: tl.constexpr):
-    """Column block ``program_id(1)``: its columns and their mask."""
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    return cols, cols < D
-
-
-@triton.jit
-def _rows(r0, end, cols, cmask, D, BLOCK_R: tl.constexpr):
-    """Offsets and mask of rows r0 … r0 + BLOCK_R (below ``end``) of ``cols``."""
-    rows = r0 + tl.arange(0, BLOCK_R)
-    return rows[:, None] * D + cols[None, :], (rows[:, None] < end) & cmask[None, :]
+# The library's _bias_gelu_fwd_kernel / _bias_gelu_bwd_kernel (with a bias) over its own tile
+# helpers, the math switched.
 
 
 @triton.jit

@@ -7,17 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._triton import add
-
-
-@triton.jit
-def _bf16(x):
-    """fp32 → bf16 rounded to nearest even, as ``Tensor.to(torch.bfloat16)`` (a NaN stays a NaN,
-    with its own payload), in integer arithmetic: the same bits compiled and in Triton's
-    interpreter, which truncates."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = bits + 0x7FFF + ((bits >> 16) & 1)
-    return tl.where(x != x, 0x7FC0, bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+from ._triton import add, to_bf16
 
 
 @triton.jit
@@ -42,7 +32,7 @@ def _update(w_ptr, w_offs, g_ptr, g_offs, copy_ptr, copy_offs, m_ptr, v_ptr, ema
         p = p - (lr / bc1) * m / denom
         tl.store(w_ptr + w_offs, p, mask=mask)
         if COPY:
-            tl.store(copy_ptr + copy_offs, _bf16(p), mask=mask)
+            tl.store(copy_ptr + copy_offs, to_bf16(p), mask=mask)
         tl.store(m_ptr + s_offs, m, mask=mask)
         tl.store(v_ptr + s_offs, v, mask=mask)
     if HAS_EMA:  # every weight's EMA moves, with a gradient or without (as foreach lerp)

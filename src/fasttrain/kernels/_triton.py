@@ -74,6 +74,30 @@ def tile_dot(a, b, DOT: tl.constexpr):
         return tl.dot(a, b)
 
 
+@triton.jit
+def to_bf16(x):
+    """fp32 → bf16 rounded to nearest even, as ``Tensor.to(torch.bfloat16)`` (a NaN stays a NaN,
+    with its own payload), in integer arithmetic: the same bits compiled and in Triton's
+    interpreter, which truncates."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return tl.where(x != x, 0x7FC0, bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+# ``rounded(v, dtype)``: fp32 v in ``dtype`` as torch's ``.to()`` rounds it. Compiled, Triton's
+# own cast; interpreted, bf16 through ``to_bf16`` (the interpreter's cast truncates).
+if INTERPRETED:
+    @triton.jit
+    def rounded(v, dtype: tl.constexpr):
+        if dtype == tl.bfloat16:
+            return to_bf16(v)
+        return v.to(dtype)
+else:
+    @triton.jit
+    def rounded(v, dtype: tl.constexpr):
+        return v.to(dtype)
+
+
 def output_grad(saved: torch.Tensor, dy: torch.Tensor | None) -> torch.Tensor:
     """An output's gradient as a kernel reads it: contiguous (autograd may hand in an expanded
     one), zeros like ``saved`` where autograd hands in none."""

@@ -8,8 +8,7 @@ What is fused
     well: it reads dy, the gradient arriving at h (the residual stream), h and the
     statistics, and writes dx (which is also the residual's gradient) plus per-program
     partial sums of dweight/dbias that one final ``torch.sum`` reduces (no atomics).
-    Where x's dtype differs from the stream's (a bf16 branch on an fp32 stream), x's gradient
-    comes out of the same pass in x's dtype, a second store of dx, instead of a cast pass.
+    x's gradient in x's dtype, where that is not the stream's, is a second store of that pass.
     Without ``residual`` they are plain RMSNorm / LayerNorm and return only ``y``.
     ``layer_norm(..., residual, x_bias=b)`` also takes the bias of the linear layer that made
     x, left out of its matmul: ``h = x + b + residual``, and the backward sums dx over the rows
@@ -49,7 +48,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._triton import INTERPRETED, add, launch, op, output_grad, programs_cap, sum0
+from ._triton import add, launch, op, output_grad, programs_cap, rounded, sum0
 
 __all__ = ["rms_norm", "layer_norm", "rms_norm_reference", "layer_norm_reference"]
 
@@ -62,9 +61,8 @@ Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 # (launch-tune-20261121-1633: 3 stages at one program per SM with 4 warps over 4,096 elements
 # took add + LayerNorm forward + backward 10-19% below 8 warps, 8,192 elements, 2 programs, no
 # pipelining, at Swin-B's and ViT-B's widths, and RMSNorm 9% at Llama's).
-# With x's gradient stored a second time in bf16 (x bf16 on an fp32 stream), 8 warps: 95 µs
-# against 4 warps' 119 at ViT-B's (25,216 × 768), the same at Swin-B stage 1's width 128
-# (ln-bwd-tune-20261125-0316).
+# Storing x's bf16 gradient too, 8 warps: 95 against 119 µs at ViT-B's width, a tie at Swin-B
+# stage 1's (ln-bwd-tune-20261125-0316).
 LAUNCH = {"fwd_elements": 8192, "bwd_elements": 4096, "max_rows": 64, "fwd_warps": 8,
           "bwd_warps": 4, "bwd_copy_warps": 8, "programs_per_sm": 1, "bwd_stages": 3}
 
@@ -72,23 +70,6 @@ LAUNCH = {"fwd_elements": 8192, "bwd_elements": 4096, "max_rows": 64, "fwd_warps
 # ----------------------------------------------------------------------------- kernels
 # Only builtins of triton.language and the reductions of ._triton, not triton.language's
 # @triton.jit library (tl.sum, tl.zeros): see ._triton.
-
-# fp32 to x's dtype as torch's .to() rounds it (to nearest even), for x's gradient: compiled
-# Triton's cast does; the interpreter's truncates fp32 to bf16 (and mangles subnormals), so
-# there the bits are rounded as torch rounds them (any NaN as the quiet NaN 0x7FC0).
-if INTERPRETED:
-    @triton.jit
-    def _rounded(v, dtype: tl.constexpr):
-        if dtype == tl.bfloat16:
-            bits = v.to(tl.uint32, bitcast=True)
-            bits = tl.where(v == v, (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16, 0x7FC0)
-            return bits.to(tl.uint16).to(dtype, bitcast=True)
-        return v.to(dtype)
-else:
-    @triton.jit
-    def _rounded(v, dtype: tl.constexpr):
-        return v.to(dtype)
-
 
 @triton.jit
 def _fwd_kernel(x_ptr, xb_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, n_rows, D,
@@ -169,7 +150,7 @@ def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dx2_pt
             dxb += dx  # masked lanes are 0: dy, dh and x̂ load as 0 there
         tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if HAS_DX2:  # x's gradient, as dx.to(x's dtype) would round it (dx is fp32 there)
-            tl.store(dx2_ptr + off, _rounded(dx, dx2_ptr.dtype.element_ty), mask=mask)
+            tl.store(dx2_ptr + off, rounded(dx, dx2_ptr.dtype.element_ty), mask=mask)
         dw += dy * xhat
     part = parts_ptr + pid * K * D + cols
     tl.store(part, sum0(dw), mask=cmask)
@@ -264,7 +245,6 @@ def _rms_fwd(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Te
 def _rms_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
              weight: torch.Tensor, rstd: torch.Tensor,
              x_dtype: Optional[torch.dtype] = None) -> Tensors3:
-    """dx, dx in ``x_dtype`` where that differs from h's (else empty), dweight."""
     dx, dx2, dw = _bwd(dy, dh, h, weight, rstd, rstd, rms=True, x_dtype=x_dtype)
     return dx, dx2, dw.view(-1)
 
@@ -280,8 +260,7 @@ def _ln_fwd(x: torch.Tensor, x_bias: Optional[torch.Tensor], residual: Optional[
 def _ln_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
             weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
             x_bias: bool, x_dtype: Optional[torch.dtype] = None) -> Tensors3:
-    """dx, dx in ``x_dtype`` where that differs from h's (else empty), and (K, D) parameter
-    gradients: weight, bias, (with ``x_bias``) x's bias."""
+    """dx, its copy in ``x_dtype`` (see ``_bwd``), (K, D) weight, bias and x's bias grads."""
     return _bwd(dy, dh, h, weight, mean, rstd, rms=False, x_bias=x_bias, x_dtype=x_dtype)
 
 
