@@ -36,13 +36,6 @@ def _inputs(batch, tokens, heads, head_dim, dtype, batch_second=False, seed=0):
     return qkv, torch.randn(*lead, heads * head_dim, generator=g).to(dtype)
 
 
-@pytest.fixture(params=["bwd", "one"], ids=["two-kernel-backward", "one-kernel-backward"])
-def backward(request, monkeypatch):
-    """Each backward: two kernels (dq; dk and dv) or one program a sequence and head."""
-    monkeypatch.setitem(module.LAUNCH, "backward", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
                          ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("batch, tokens, heads, head_dim", [
@@ -50,8 +43,7 @@ def backward(request, monkeypatch):
     (3, 64, 1, 24),  # one full block, no partial one; head_dim not a power of two
     (2, 17, 2, 16),  # shorter than one block (ViT tiny: 16 patches + the class token)
 ], ids=["197", "64", "17"])
-def test_output_and_gradient_match_the_reference(backward, dtype, batch, tokens, heads,
-                                                 head_dim):
+def test_output_and_gradient_match_the_reference(dtype, batch, tokens, heads, head_dim):
     qkv, cot = _inputs(batch, tokens, heads, head_dim, dtype)
     got = _run(seq_attention, qkv, heads, cot)
     want = _run(seq_attention_reference, qkv, heads, cot)
@@ -65,9 +57,9 @@ def test_output_and_gradient_match_the_reference(backward, dtype, batch, tokens,
     (16, 40, False, True),  # (T, B, 3C) layout: token stride B·3C
     (64, 70, True, False),  # int64 offsets (WIDE), which qkv of 2³¹ elements take
 ], ids=["block32", "batch-second", "int64"])
-def test_launch_settings_and_layouts_match_the_reference(monkeypatch, backward, block, tokens,
-                                                         wide, batch_second):
-    for way in ("fwd", "bwd", "one"):
+def test_launch_settings_and_layouts_match_the_reference(monkeypatch, block, tokens, wide,
+                                                         batch_second):
+    for way in ("fwd", "bwd"):
         monkeypatch.setitem(module.LAUNCH, f"{way}_block", block)
     if wide:
         monkeypatch.setattr(module, "WIDE_ELEMENTS", 1)
@@ -83,11 +75,10 @@ def test_launch_settings_and_layouts_match_the_reference(monkeypatch, backward, 
     (torch.bfloat16, 197, 64, False),  # ViT-B/16's length and head dim
     (torch.float32, 40, 16, True),
 ], ids=["fp32-70", "bf16-197", "batch-second"])
-def test_projected_attention_sums_the_bias_gradient_in_its_kernels(monkeypatch, backward, dtype,
-                                                                   tokens, head_dim,
-                                                                   batch_second):
+def test_projected_attention_sums_the_bias_gradient_in_its_kernels(monkeypatch, dtype, tokens,
+                                                                   head_dim, batch_second):
     if tokens == 70:
-        for way in ("fwd", "bwd", "one"):
+        for way in ("fwd", "bwd"):
             monkeypatch.setitem(module.LAUNCH, f"{way}_block", 32)
     g = torch.Generator().manual_seed(1)
     x, cot = _inputs(2, tokens, 2, head_dim, dtype, batch_second)
@@ -107,22 +98,6 @@ def test_projected_attention_sums_the_bias_gradient_in_its_kernels(monkeypatch, 
         torch.testing.assert_close(a, b, **tol, msg=lambda m: f"{name}: {m}")
     with pytest.raises(ValueError, match="bias must be a vector of the projection's"):
         module.projected_seq_attention(x, weight, bias[1:], 2)
-
-
-def test_the_backwards_agree_and_auto_picks_one_for_many_short_sequences(monkeypatch):
-    qkv, cot = _inputs(4, 150, 2, 32, torch.float32)
-    grads = {}
-    for way in ("bwd", "one"):
-        monkeypatch.setitem(module.LAUNCH, "backward", way)
-        grads[way] = _run(seq_attention, qkv, 2, cot)[1]
-    torch.testing.assert_close(grads["one"], grads["bwd"], rtol=1e-6, atol=1e-6)
-    monkeypatch.setitem(module.LAUNCH, "backward", "auto")
-    assert module._backward_way(qkv, 2, False) == "one"  # 8 sequences × heads: 4 fill a CPU
-    assert module._backward_way(qkv[:1], 2, False) == "bwd"  # 2 do not
-    assert module._backward_way(torch.zeros(2, 64 * 9, 3 * 64), 2, False) == "bwd"  # 9 blocks
-    monkeypatch.setitem(module.LAUNCH, "backward", "fused")
-    with pytest.raises(ValueError, match=r"LAUNCH\['backward'\] must be one of"):
-        seq_attention(qkv.requires_grad_(), 2).sum().backward()
 
 
 def test_the_reference_is_sdpa_on_the_permuted_projection():

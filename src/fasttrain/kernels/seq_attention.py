@@ -22,14 +22,10 @@ What is fused
     blocks of 64 and one of 16, 208 padded tokens against the 256 of 64-wide tiles).
 
     Forward: one program per (block of queries, sequence and head), an online softmax over
-    the key blocks (flash attention); it keeps each row's log-sum-exp. Backward, for short
-    sequences when there are enough of them (ViT's): one program per sequence and head
-    recomputes each pair of blocks' probabilities once and writes dq, dk and dv, summing dq
-    over blocks of keys in an fp32 scratch of its own (``_seq_attention_fused_bwd``; five
-    matmuls a pair of blocks). Otherwise two kernels: the first, one program per block of
-    queries, recomputes the probabilities and writes dq and the rows' ``rowsum(dO ∘ O)``; the
-    second, one program per block of keys, recomputes them transposed and writes dk and dv
-    (seven matmuls a pair, more programs). No atomics either way.
+    the key blocks (flash attention); it keeps each row's log-sum-exp. Backward: the first
+    kernel, one program per block of queries, recomputes the probabilities and writes dq and
+    the rows' ``rowsum(dO ∘ O)``; the second, one program per block of keys, recomputes them
+    transposed and writes dk and dv. No atomics, no fp32 gradient buffer to convert.
 
 When it helps
     Sequences of a few hundred tokens at head dims 16-128 (ViT-B/16: 197 tokens, head dim
@@ -49,9 +45,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from ._seq_attention_fused_bwd import _dqkv_kernel
 from ._seq_attention_kernels import _dkv_kernel, _dq_kernel, _fwd_kernel
-from ._triton import INTERPRETED, launch, op, output_grad, programs_cap
+from ._triton import INTERPRETED, launch, op, output_grad
 
 __all__ = ["seq_attention", "seq_attention_reference", "projected_seq_attention",
            "projected_seq_attention_reference"]
@@ -59,15 +54,9 @@ __all__ = ["seq_attention", "seq_attention_reference", "projected_seq_attention"
 WIDE_ELEMENTS = 2**31  # qkv this large indexes in int64 (the kernels' WIDE), smaller in int32
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Launch settings: rows (queries or keys) a block, warps a program, the key loop's pipelining
-# stages. The backward: "bwd" (two kernels: dq, then dk and dv) or "one" (one program a
-# sequence and head, ``_seq_attention_fused_bwd``) with their own settings; "one" where a
-# sequence has at most ``one_max_blocks`` blocks and there are at least ``one_min_per_sm``
-# sequences × heads an SM (else too few programs to fill the device).
+# stages.
 LAUNCH = {"fwd_block": 64, "fwd_warps": 4, "fwd_stages": 2,
-          "bwd_block": 64, "bwd_warps": 4, "bwd_stages": 2,
-          "one_block": 64, "one_warps": 4, "one_stages": 2,
-          "backward": "auto", "one_max_blocks": 8, "one_min_per_sm": 4}
-_BACKWARDS = ("auto", "bwd", "one")
+          "bwd_block": 64, "bwd_warps": 4, "bwd_stages": 2}
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -112,41 +101,18 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """dqkv, and with ``sums`` its column sums over all rows in fp32 (else empty)."""
     dqkv = torch.empty_like(qkv)
-    way = _backward_way(qkv, heads, batch_second)
-    sh, nblk, meta = _meta(qkv, heads, batch_second, way)
+    sh, nblk, meta = _meta(qkv, heads, batch_second, "bwd")
     # one row of partial column sums per (sequence, block), every one written by the kernels
     parts = torch.empty((sh // heads * nblk if sums else 0, qkv.shape[-1]),
                         device=qkv.device, dtype=torch.float32)
     if qkv.numel():
         delta = torch.empty_like(lse)
         p = parts if sums else qkv
-        if way == "one":  # dq summed over blocks of keys in an fp32 scratch of its own
-            acc = torch.empty((sh, meta["T"], meta["D"]), device=qkv.device,
-                              dtype=torch.float32)
-            launch(_dqkv_kernel, (sh,), qkv, dout, out, lse, dqkv, delta, acc, p, scale,
-                   SUMS=sums, **meta)
-        else:
-            launch(_dq_kernel, (sh * nblk,), qkv, dout, out, lse, dqkv, delta, p, scale,
-                   SUMS=sums, **meta)
-            launch(_dkv_kernel, (sh * nblk,), qkv, dout, lse, delta, dqkv, p, scale,
-                   SUMS=sums, **meta)
+        launch(_dq_kernel, (sh * nblk,), qkv, dout, out, lse, dqkv, delta, p, scale,
+               SUMS=sums, **meta)
+        launch(_dkv_kernel, (sh * nblk,), qkv, dout, lse, delta, dqkv, p, scale, SUMS=sums,
+               **meta)
     return dqkv, parts.sum(0)
-
-
-def _backward_way(qkv: torch.Tensor, heads: int, batch_second: bool) -> str:
-    """Which backward runs: LAUNCH["backward"], or where that is "auto", "one" for sequences of
-    at most ``one_max_blocks`` blocks when there are enough sequences × heads to fill the
-    device, else "bwd"."""
-    way = LAUNCH["backward"]
-    if way not in _BACKWARDS:
-        raise ValueError(f"seq_attention LAUNCH['backward'] must be one of {_BACKWARDS}, "
-                         f"got {way!r}")
-    if way != "auto":
-        return way
-    T, B = (qkv.shape[0], qkv.shape[1]) if batch_second else (qkv.shape[1], qkv.shape[0])
-    short = triton.cdiv(T, LAUNCH["one_block"]) <= LAUNCH["one_max_blocks"]
-    return "one" if short and B * heads >= programs_cap(qkv.device,
-                                                        LAUNCH["one_min_per_sm"]) else "bwd"
 
 
 def _setup(ctx, inputs, output) -> None:
