@@ -240,52 +240,35 @@ def _dq_kernel(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, parts_p
 
 
 @triton.jit
-def _ds_offsets(q0, k0, TP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Offsets of dS[q0 … q0 + BLOCK_M, k0 … k0 + BLOCK_N] in one sequence and head's
-    (TP, TP) block of the dS buffer, as a (BLOCK_N, BLOCK_M) tile: transposed, as the dk/dv
-    kernel holds it."""
-    return (q0 + tl.arange(0, BLOCK_M))[None, :] * TP + (k0 + tl.arange(0, BLOCK_N))[:, None]
-
-
-@triton.jit
-def _dkv_queries(k, v, dk, dv, q_ptr, do_ptr, o_ptr, lse_ptr, delta_ptr, ds_ptr, seq, q0, k0,
-                 scale2, T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr, OB: tl.constexpr,
+def _dkv_queries(k, v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, seq, q0, scale2,
+                 T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr, OB: tl.constexpr,
                  OT: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
-                 FULL: tl.constexpr, DS: tl.constexpr, TP: tl.constexpr):
+                 BLOCK_D: tl.constexpr, DOT: tl.constexpr, FULL: tl.constexpr):
     """dk, dv += one block of queries' share, from the transposed probabilities. Padded
-    queries are zero rows with an infinite log-sum-exp: probability 0. DS: the rows'
-    rowsum(dO ∘ O) from O at ``o_ptr`` (not from ``delta_ptr``), and dS stored, rounded to
-    q's dtype, at ``ds_ptr`` (every element of the pair's tile, padding included)."""
+    queries are zero rows with an infinite log-sum-exp: probability 0."""
     offs, rows = _offsets(seq, q0, SB, ST, BLOCK_M, BLOCK_D)
     q = _load(q_ptr + offs, rows, T, D, BLOCK_D, FULL)
     ooffs, _ = _offsets(seq, q0, OB, OT, BLOCK_M, BLOCK_D)
     do = _load(do_ptr + ooffs, rows, T, D, BLOCK_D, FULL)
     lse = _load_rows(lse_ptr, rows, T, float("inf"), FULL)
-    if DS:
-        o = _load(o_ptr + ooffs, rows, T, D, BLOCK_D, FULL)
-        delta = tl.reduce(do.to(tl.float32) * o.to(tl.float32), 1, add)
-    else:
-        delta = _load_rows(delta_ptr, rows, T, 0.0, FULL)
+    delta = _load_rows(delta_ptr, rows, T, 0.0, FULL)
     pt = tl.exp2(tile_dot(k, tl.trans(q), DOT) * scale2 - lse[None, :])
     dv += tile_dot(pt.to(do.dtype), do, DOT)
-    dst = (pt * (tile_dot(v, tl.trans(do), DOT) - delta[None, :])).to(q.dtype)
-    dk += tile_dot(dst, q, DOT)
-    if DS:
-        tl.store(ds_ptr + _ds_offsets(q0, k0, TP, BLOCK_M, BLOCK_N), dst)
+    dst = pt * (tile_dot(v, tl.trans(do), DOT) - delta[None, :])
+    dk += tile_dot(dst.to(q.dtype), q, DOT)
     return dk, dv
 
 
 @triton.jit
-def _dkv_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, delta_ptr, ds_ptr, dqkv_ptr, parts_ptr, seq,
-               sh, head, row0, scale, scale2, T: tl.constexpr, SB: tl.constexpr,
-               ST: tl.constexpr, OB: tl.constexpr, OT: tl.constexpr, C: tl.constexpr,
-               D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
+def _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, seq, sh, head,
+               row0, scale, scale2, T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr,
+               OB: tl.constexpr, OT: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
                BLOCK_D: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
-               FULL_N: tl.constexpr, SUMS: tl.constexpr, DS: tl.constexpr, TP: tl.constexpr):
+               FULL_N: tl.constexpr, SUMS: tl.constexpr):
     """dk and dv of key rows row0 … row0 + BLOCK_N of one sequence and head, over the full
     blocks of BLOCK queries, then the partial one of TAIL (SUMS: and their column sums at
-    ``parts_ptr``; DS: and dS, see ``_dkv_queries``)."""
+    ``parts_ptr``)."""
     q_ptr = qkv_ptr + head * D
     offs, rows = _offsets(seq, row0, SB, ST, BLOCK_N, BLOCK_D)
     k = _load(q_ptr + C + offs, rows, T, D, BLOCK_D, FULL_N)
@@ -294,15 +277,13 @@ def _dkv_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, delta_ptr, ds_ptr, dqkv_ptr,
     dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     QFULL: tl.constexpr = (T // BLOCK) * BLOCK
     for q0 in tl.range(0, QFULL, BLOCK, num_stages=STAGES):
-        dk, dv = _dkv_queries(k, v, dk, dv, q_ptr, dout_ptr + head * D, out_ptr + head * D,
-                              lse_ptr + sh * T, delta_ptr + sh * T, ds_ptr, seq, q0, row0,
-                              scale2, T, SB, ST, OB, OT, D, BLOCK, BLOCK_N, BLOCK_D, DOT, True,
-                              DS, TP)
+        dk, dv = _dkv_queries(k, v, dk, dv, q_ptr, dout_ptr + head * D, lse_ptr + sh * T,
+                              delta_ptr + sh * T, seq, q0, scale2, T, SB, ST, OB, OT, D, BLOCK,
+                              BLOCK_D, DOT, True)
     if TAIL > 0:
-        dk, dv = _dkv_queries(k, v, dk, dv, q_ptr, dout_ptr + head * D, out_ptr + head * D,
-                              lse_ptr + sh * T, delta_ptr + sh * T, ds_ptr, seq, QFULL, row0,
-                              scale2, T, SB, ST, OB, OT, D, TAIL, BLOCK_N, BLOCK_D, DOT, False,
-                              DS, TP)
+        dk, dv = _dkv_queries(k, v, dk, dv, q_ptr, dout_ptr + head * D, lse_ptr + sh * T,
+                              delta_ptr + sh * T, seq, QFULL, scale2, T, SB, ST, OB, OT, D,
+                              TAIL, BLOCK_D, DOT, False)
     dk *= scale
     _store(dqkv_ptr + C + head * D + offs, dk, rows, T, D, BLOCK_D, FULL_N)
     _store(dqkv_ptr + 2 * C + head * D + offs, dv, rows, T, D, BLOCK_D, FULL_N)
@@ -312,86 +293,22 @@ def _dkv_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, delta_ptr, ds_ptr, dqkv_ptr,
 
 
 @triton.jit
-def _dkv_kernel(qkv_ptr, dout_ptr, out_ptr, lse_ptr, delta_ptr, ds_ptr, dqkv_ptr, parts_ptr,
-                scale, T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr, OB: tl.constexpr,
+def _dkv_kernel(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, scale,
+                T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr, OB: tl.constexpr,
                 OT: tl.constexpr, C: tl.constexpr, D: tl.constexpr, H: tl.constexpr,
                 NBLK: tl.constexpr, WIDE: tl.constexpr, DOT: tl.constexpr,
                 STAGES: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
-                TB: tl.constexpr, BLOCK_D: tl.constexpr, SUMS: tl.constexpr,
-                DS: tl.constexpr, TP: tl.constexpr):
+                TB: tl.constexpr, BLOCK_D: tl.constexpr, SUMS: tl.constexpr):
     """Program ``pid``: dk and dv of key block ``pid % NBLK`` of sequence × head
-    ``pid // NBLK``, written into dqkv's k and v columns (SUMS: as in ``_dq_kernel``). DS:
-    rowsum(dO ∘ O) from ``out_ptr`` rather than ``delta_ptr``, and dS of its keys against
-    every query into the sequence × head's (TP, TP) block of the buffer at ``ds_ptr`` (TP:
-    the padded length), for ``_dq_ds_kernel``."""
+    ``pid // NBLK``, written into dqkv's k and v columns (SUMS: as in ``_dq_kernel``)."""
     blk, sh, seq, head, row0 = _program(H, NBLK, WIDE, BLOCK)
     scale, scale2 = _scales(scale)
     parts_ptr += (seq * NBLK + blk) * (3 * C)
-    ds_ptr += sh.to(tl.int64) * (TP * TP)
     if blk < T // BLOCK:
-        _dkv_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, delta_ptr, ds_ptr, dqkv_ptr, parts_ptr,
-                   seq, sh, head, row0, scale, scale2, T, SB, ST, OB, OT, C, D, BLOCK, BLOCK,
-                   TAIL, BLOCK_D, DOT, STAGES, True, SUMS, DS, TP)
+        _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, seq, sh, head,
+                   row0, scale, scale2, T, SB, ST, OB, OT, C, D, BLOCK, BLOCK, TAIL, BLOCK_D,
+                   DOT, STAGES, True, SUMS)
     else:
-        _dkv_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, delta_ptr, ds_ptr, dqkv_ptr, parts_ptr,
-                   seq, sh, head, row0, scale, scale2, T, SB, ST, OB, OT, C, D, TB, BLOCK,
-                   TAIL, BLOCK_D, DOT, STAGES, False, SUMS, DS, TP)
-
-
-@triton.jit
-def _dq_ds_keys(dq, ds_ptr, k_ptr, seq, q0, k0, T: tl.constexpr, SB: tl.constexpr,
-                ST: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
-                FULL: tl.constexpr, TP: tl.constexpr):
-    """dq += dS k over one block of keys, dS read from the buffer. Padded keys are zero rows
-    of k: they add nothing."""
-    offs, cols = _offsets(seq, k0, SB, ST, BLOCK_N, BLOCK_D)
-    k = _load(k_ptr + offs, cols, T, D, BLOCK_D, FULL)
-    ds = tl.load(ds_ptr + tl.trans(_ds_offsets(q0, k0, TP, BLOCK_M, BLOCK_N)))
-    return dq + tile_dot(ds, k, DOT)
-
-
-@triton.jit
-def _dq_ds_block(qkv_ptr, ds_ptr, dqkv_ptr, parts_ptr, seq, head, row0, scale,
-                 T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr, C: tl.constexpr,
-                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
-                 TAIL: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
-                 STAGES: tl.constexpr, FULL_M: tl.constexpr, SUMS: tl.constexpr,
-                 TP: tl.constexpr):
-    """dq of query rows row0 … row0 + BLOCK_M from dS (SUMS: and its column sums)."""
-    head_ptr = qkv_ptr + head * D
-    dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    KFULL: tl.constexpr = (T // BLOCK) * BLOCK
-    for k0 in tl.range(0, KFULL, BLOCK, num_stages=STAGES):
-        dq = _dq_ds_keys(dq, ds_ptr, head_ptr + C, seq, row0, k0, T, SB, ST, D, BLOCK_M, BLOCK,
-                         BLOCK_D, DOT, True, TP)
-    if TAIL > 0:
-        dq = _dq_ds_keys(dq, ds_ptr, head_ptr + C, seq, row0, KFULL, T, SB, ST, D, BLOCK_M,
-                         TAIL, BLOCK_D, DOT, False, TP)
-    dq *= scale
-    offs, rows = _offsets(seq, row0, SB, ST, BLOCK_M, BLOCK_D)
-    _store(dqkv_ptr + head * D + offs, dq, rows, T, D, BLOCK_D, FULL_M)
-    if SUMS:
-        _store_colsums(parts_ptr + head * D, dq, rows, T, D, BLOCK_D, FULL_M)
-
-
-@triton.jit
-def _dq_ds_kernel(qkv_ptr, ds_ptr, dqkv_ptr, parts_ptr, scale, T: tl.constexpr,
-                  SB: tl.constexpr, ST: tl.constexpr, OB: tl.constexpr, OT: tl.constexpr,
-                  C: tl.constexpr, D: tl.constexpr, H: tl.constexpr, NBLK: tl.constexpr,
-                  WIDE: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
-                  BLOCK: tl.constexpr, TAIL: tl.constexpr, TB: tl.constexpr,
-                  BLOCK_D: tl.constexpr, SUMS: tl.constexpr, TP: tl.constexpr):
-    """Program ``pid``: dq = dS k of query block ``pid % NBLK`` of sequence × head
-    ``pid // NBLK``, dS from ``_dkv_kernel``'s buffer, written into dqkv's q columns (SUMS: as
-    in ``_dq_kernel``)."""
-    blk, sh, seq, head, row0 = _program(H, NBLK, WIDE, BLOCK)
-    scale, _ = _scales(scale)
-    parts_ptr += (seq * NBLK + blk) * (3 * C)
-    ds_ptr += sh.to(tl.int64) * (TP * TP)
-    if blk < T // BLOCK:
-        _dq_ds_block(qkv_ptr, ds_ptr, dqkv_ptr, parts_ptr, seq, head, row0, scale, T, SB, ST, C,
-                     D, BLOCK, BLOCK, TAIL, BLOCK_D, DOT, STAGES, True, SUMS, TP)
-    else:
-        _dq_ds_block(qkv_ptr, ds_ptr, dqkv_ptr, parts_ptr, seq, head, row0, scale, T, SB, ST, C,
-                     D, TB, BLOCK, TAIL, BLOCK_D, DOT, STAGES, False, SUMS, TP)
+        _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, seq, sh, head,
+                   row0, scale, scale2, T, SB, ST, OB, OT, C, D, TB, BLOCK, TAIL, BLOCK_D, DOT,
+                   STAGES, False, SUMS)

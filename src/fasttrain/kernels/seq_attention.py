@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from ._seq_attention_kernels import _dkv_kernel, _dq_ds_kernel, _dq_kernel, _fwd_kernel
+from ._seq_attention_kernels import _dkv_kernel, _dq_kernel, _fwd_kernel
 from ._triton import INTERPRETED, launch, op, output_grad
 
 __all__ = ["seq_attention", "seq_attention_reference", "projected_seq_attention",
@@ -55,10 +55,8 @@ WIDE_ELEMENTS = 2**31  # qkv this large indexes in int64 (the kernels' WIDE), sm
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Launch settings: rows (queries or keys) a block, warps a program, the key loop's pipelining
 # stages.
-# The backward keeps dS (sequences × heads × padded tokens², in qkv's dtype) for its dq kernel
-# where sequences are at most ``ds_max_tokens`` long (padded), else recomputes it there.
 LAUNCH = {"fwd_block": 64, "fwd_warps": 4, "fwd_stages": 2,
-          "bwd_block": 64, "bwd_warps": 4, "bwd_stages": 2, "ds_max_tokens": 256}
+          "bwd_block": 64, "bwd_warps": 4, "bwd_stages": 2}
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -108,20 +106,12 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
     parts = torch.empty((sh // heads * nblk if sums else 0, qkv.shape[-1]),
                         device=qkv.device, dtype=torch.float32)
     if qkv.numel():
+        delta = torch.empty_like(lse)
         p = parts if sums else qkv
-        padded = meta["T"] // meta["BLOCK"] * meta["BLOCK"] + meta["TAIL"]
-        if padded <= LAUNCH["ds_max_tokens"]:  # dk, dv and dS; then dq = dS k
-            ds = qkv.new_empty((sh, padded, padded))
-            launch(_dkv_kernel, (sh * nblk,), qkv, dout, out, lse, lse, ds, dqkv, p, scale,
-                   SUMS=sums, DS=True, TP=padded, **meta)
-            launch(_dq_ds_kernel, (sh * nblk,), qkv, ds, dqkv, p, scale, SUMS=sums,
-                   TP=padded, **meta)
-        else:  # dq and rowsum(dO ∘ O); then dk and dv, recomputing P and dS
-            delta = torch.empty_like(lse)
-            launch(_dq_kernel, (sh * nblk,), qkv, dout, out, lse, dqkv, delta, p, scale,
-                   SUMS=sums, **meta)
-            launch(_dkv_kernel, (sh * nblk,), qkv, dout, out, lse, delta, qkv, dqkv, p, scale,
-                   SUMS=sums, DS=False, TP=0, **meta)
+        launch(_dq_kernel, (sh * nblk,), qkv, dout, out, lse, dqkv, delta, p, scale,
+               SUMS=sums, **meta)
+        launch(_dkv_kernel, (sh * nblk,), qkv, dout, lse, delta, dqkv, p, scale, SUMS=sums,
+               **meta)
     return dqkv, parts.sum(0)
 
 
