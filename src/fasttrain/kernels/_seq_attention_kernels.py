@@ -1,8 +1,8 @@
 """The Triton kernels of ``kernels/seq_attention.py`` (which documents what they compute and
 the layouts they read): the forward, and the backward's dq and dk/dv kernels. Every program
-takes one block of rows of one sequence and head: the NFULL full blocks of BLOCK rows, then the
-last one of TAIL rows (TB: TAIL, or BLOCK where there is none; partial, or a full block and
-the rest merged), each a branch compiled for its own block size."""
+takes one block of rows of one sequence and head: the full blocks of BLOCK rows, then the
+partial one of TAIL rows (TB: TAIL, or BLOCK where there is none), each a branch compiled
+for its own block size."""
 from __future__ import annotations
 
 import triton
@@ -128,7 +128,7 @@ def _fwd_keys(q, k_ptr, seq, k0, m, l, acc, scale2, T: tl.constexpr, SB: tl.cons
 def _fwd_block(qkv_ptr, out_ptr, lse_ptr, seq, sh, head, row0, scale2, T: tl.constexpr,
                SB: tl.constexpr, ST: tl.constexpr, OB: tl.constexpr, OT: tl.constexpr,
                C: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
-               TAIL: tl.constexpr, NFULL: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
+               TAIL: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
                STAGES: tl.constexpr, FULL_M: tl.constexpr):
     """Output rows row0 … row0 + BLOCK_M of one sequence and head and their log-sum-exps
     (log2 units), over the full blocks of BLOCK keys, then the partial one of TAIL."""
@@ -138,7 +138,7 @@ def _fwd_block(qkv_ptr, out_ptr, lse_ptr, seq, sh, head, row0, scale2, T: tl.con
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    KFULL: tl.constexpr = NFULL * BLOCK
+    KFULL: tl.constexpr = (T // BLOCK) * BLOCK
     for k0 in tl.range(0, KFULL, BLOCK, num_stages=STAGES):
         m, l, acc = _fwd_keys(q, head_ptr + C, seq, k0, m, l, acc, scale2, T, SB, ST, C, D,
                               BLOCK, BLOCK_D, DOT, True)
@@ -155,18 +155,18 @@ def _fwd_kernel(qkv_ptr, out_ptr, lse_ptr, scale, T: tl.constexpr, SB: tl.conste
                 ST: tl.constexpr, OB: tl.constexpr, OT: tl.constexpr, C: tl.constexpr,
                 D: tl.constexpr, H: tl.constexpr, NBLK: tl.constexpr, WIDE: tl.constexpr,
                 DOT: tl.constexpr, STAGES: tl.constexpr, BLOCK: tl.constexpr,
-                TAIL: tl.constexpr, TB: tl.constexpr, NFULL: tl.constexpr, BLOCK_D: tl.constexpr):
+                TAIL: tl.constexpr, TB: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program ``pid`` takes block ``pid % NBLK`` of queries (the full blocks of BLOCK rows,
     then a partial one of TAIL; TB is TAIL, or BLOCK where there is none) of sequence × head
     ``pid // NBLK``."""
     blk, sh, seq, head, row0 = _program(H, NBLK, WIDE, BLOCK)
     _, scale2 = _scales(scale)
-    if blk < NFULL:
+    if blk < T // BLOCK:
         _fwd_block(qkv_ptr, out_ptr, lse_ptr, seq, sh, head, row0, scale2, T, SB, ST, OB, OT,
-                   C, D, BLOCK, BLOCK, TAIL, NFULL, BLOCK_D, DOT, STAGES, True)
+                   C, D, BLOCK, BLOCK, TAIL, BLOCK_D, DOT, STAGES, True)
     else:
         _fwd_block(qkv_ptr, out_ptr, lse_ptr, seq, sh, head, row0, scale2, T, SB, ST, OB, OT,
-                   C, D, TB, BLOCK, TAIL, NFULL, BLOCK_D, DOT, STAGES, False)
+                   C, D, TB, BLOCK, TAIL, BLOCK_D, DOT, STAGES, False)
 
 
 @triton.jit
@@ -188,8 +188,8 @@ def _dq_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, parts_pt
               head, row0, scale, scale2, T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr,
               OB: tl.constexpr, OT: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
-              NFULL: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
-              STAGES: tl.constexpr, FULL_M: tl.constexpr, SUMS: tl.constexpr):
+              BLOCK_D: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
+              FULL_M: tl.constexpr, SUMS: tl.constexpr):
     """dq and rowsum(dO ∘ O) of query rows row0 … row0 + BLOCK_M (SUMS: and dq's column sums
     at ``parts_ptr``). Padded rows: q and dO are 0, so their dS is 0."""
     head_ptr = qkv_ptr + head * D
@@ -201,7 +201,7 @@ def _dq_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, parts_pt
     delta = tl.reduce(do.to(tl.float32) * o.to(tl.float32), 1, add)
     lse = _load_rows(lse_ptr + sh * T, rows, T, 0.0, FULL_M)
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    KFULL: tl.constexpr = NFULL * BLOCK
+    KFULL: tl.constexpr = (T // BLOCK) * BLOCK
     for k0 in tl.range(0, KFULL, BLOCK, num_stages=STAGES):
         dq = _dq_keys(q, do, lse, delta, dq, head_ptr + C, seq, k0, scale2, T, SB, ST, C, D,
                       BLOCK, BLOCK_D, DOT, True)
@@ -221,7 +221,7 @@ def _dq_kernel(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, parts_p
                OT: tl.constexpr, C: tl.constexpr, D: tl.constexpr, H: tl.constexpr,
                NBLK: tl.constexpr, WIDE: tl.constexpr, DOT: tl.constexpr,
                STAGES: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
-               TB: tl.constexpr, NFULL: tl.constexpr, BLOCK_D: tl.constexpr, SUMS: tl.constexpr):
+               TB: tl.constexpr, BLOCK_D: tl.constexpr, SUMS: tl.constexpr):
     """Program ``pid``: dq of query block ``pid % NBLK`` of sequence × head ``pid // NBLK``,
     written into dqkv's q columns, and its rows' rowsum(dO ∘ O) for the dk/dv kernel.
     SUMS: dq's column sums too, into row ``sequence · NBLK + block`` of the (B · NBLK, 3 · C)
@@ -229,14 +229,14 @@ def _dq_kernel(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, parts_p
     blk, sh, seq, head, row0 = _program(H, NBLK, WIDE, BLOCK)
     scale, scale2 = _scales(scale)
     parts_ptr += (seq * NBLK + blk) * (3 * C)
-    if blk < NFULL:
+    if blk < T // BLOCK:
         _dq_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, parts_ptr, seq, sh,
-                  head, row0, scale, scale2, T, SB, ST, OB, OT, C, D, BLOCK, BLOCK, TAIL, NFULL,
+                  head, row0, scale, scale2, T, SB, ST, OB, OT, C, D, BLOCK, BLOCK, TAIL,
                   BLOCK_D, DOT, STAGES, True, SUMS)
     else:
         _dq_block(qkv_ptr, dout_ptr, out_ptr, lse_ptr, dqkv_ptr, delta_ptr, parts_ptr, seq, sh,
-                  head, row0, scale, scale2, T, SB, ST, OB, OT, C, D, TB, BLOCK, TAIL, NFULL,
-                  BLOCK_D, DOT, STAGES, False, SUMS)
+                  head, row0, scale, scale2, T, SB, ST, OB, OT, C, D, TB, BLOCK, TAIL, BLOCK_D,
+                  DOT, STAGES, False, SUMS)
 
 
 @triton.jit
@@ -264,8 +264,8 @@ def _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, seq, 
                row0, scale, scale2, T: tl.constexpr, SB: tl.constexpr, ST: tl.constexpr,
                OB: tl.constexpr, OT: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
-               NFULL: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
-               STAGES: tl.constexpr, FULL_N: tl.constexpr, SUMS: tl.constexpr):
+               BLOCK_D: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
+               FULL_N: tl.constexpr, SUMS: tl.constexpr):
     """dk and dv of key rows row0 … row0 + BLOCK_N of one sequence and head, over the full
     blocks of BLOCK queries, then the partial one of TAIL (SUMS: and their column sums at
     ``parts_ptr``)."""
@@ -275,7 +275,7 @@ def _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, seq, 
     v = _load(q_ptr + 2 * C + offs, rows, T, D, BLOCK_D, FULL_N)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-    QFULL: tl.constexpr = NFULL * BLOCK
+    QFULL: tl.constexpr = (T // BLOCK) * BLOCK
     for q0 in tl.range(0, QFULL, BLOCK, num_stages=STAGES):
         dk, dv = _dkv_queries(k, v, dk, dv, q_ptr, dout_ptr + head * D, lse_ptr + sh * T,
                               delta_ptr + sh * T, seq, q0, scale2, T, SB, ST, OB, OT, D, BLOCK,
@@ -298,17 +298,17 @@ def _dkv_kernel(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, scal
                 OT: tl.constexpr, C: tl.constexpr, D: tl.constexpr, H: tl.constexpr,
                 NBLK: tl.constexpr, WIDE: tl.constexpr, DOT: tl.constexpr,
                 STAGES: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
-                TB: tl.constexpr, NFULL: tl.constexpr, BLOCK_D: tl.constexpr, SUMS: tl.constexpr):
+                TB: tl.constexpr, BLOCK_D: tl.constexpr, SUMS: tl.constexpr):
     """Program ``pid``: dk and dv of key block ``pid % NBLK`` of sequence × head
     ``pid // NBLK``, written into dqkv's k and v columns (SUMS: as in ``_dq_kernel``)."""
     blk, sh, seq, head, row0 = _program(H, NBLK, WIDE, BLOCK)
     scale, scale2 = _scales(scale)
     parts_ptr += (seq * NBLK + blk) * (3 * C)
-    if blk < NFULL:
+    if blk < T // BLOCK:
         _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, seq, sh, head,
-                   row0, scale, scale2, T, SB, ST, OB, OT, C, D, BLOCK, BLOCK, TAIL, NFULL, BLOCK_D,
+                   row0, scale, scale2, T, SB, ST, OB, OT, C, D, BLOCK, BLOCK, TAIL, BLOCK_D,
                    DOT, STAGES, True, SUMS)
     else:
         _dkv_block(qkv_ptr, dout_ptr, lse_ptr, delta_ptr, dqkv_ptr, parts_ptr, seq, sh, head,
-                   row0, scale, scale2, T, SB, ST, OB, OT, C, D, TB, BLOCK, TAIL, NFULL, BLOCK_D,
-                   DOT, STAGES, False, SUMS)
+                   row0, scale, scale2, T, SB, ST, OB, OT, C, D, TB, BLOCK, TAIL, BLOCK_D, DOT,
+                   STAGES, False, SUMS)

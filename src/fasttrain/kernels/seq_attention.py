@@ -55,37 +55,29 @@ WIDE_ELEMENTS = 2**31  # qkv this large indexes in int64 (the kernels' WIDE), sm
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Launch settings: rows (queries or keys) a block, warps a program, the key loop's pipelining
 # stages.
-# ``*_merge``: where a sequence ends in a partial block, the forward, dq or dk/dv kernel takes
-# the last full block and the rest as one block of twice BLOCK rows (197 tokens: 64, 64 and 69
-# padded to 128) instead of a program and a loop step of their own for the rest (16 rows).
 LAUNCH = {"fwd_block": 64, "fwd_warps": 4, "fwd_stages": 2,
-          "bwd_block": 64, "bwd_warps": 4, "bwd_stages": 2,
-          "fwd_merge": False, "dq_merge": False, "dkv_merge": False}
+          "bwd_block": 64, "bwd_warps": 4, "bwd_stages": 2}
 
 
 # ----------------------------------------------------------------------------- custom ops
 
-def _meta(qkv: torch.Tensor, heads: int, batch_second: bool, way: str,
-          merge: bool = False) -> tuple[int, int, dict]:
+def _meta(qkv: torch.Tensor, heads: int, batch_second: bool,
+          way: str) -> tuple[int, int, dict]:
     """(sequences × heads, blocks a sequence, the kernels' compile-time settings). Constant
-    sizes and strides make the address arithmetic multiplies by constants. ``merge``: a
-    partial last block goes with the full one before it (see LAUNCH)."""
+    sizes and strides make the address arithmetic multiplies by constants."""
     T, B, C3 = qkv.shape if batch_second else (qkv.shape[1], qkv.shape[0], qkv.shape[2])
     C = C3 // 3
     block = LAUNCH[f"{way}_block"]
-    rest, full = T % block, T // block
-    if merge and rest and full:
-        full, tail = full - 1, triton.next_power_of_2(block + rest)
-    else:
-        tail = 0 if rest == 0 else max(16, triton.next_power_of_2(rest))
-    nblk = full + (1 if tail else 0)
+    rest = T % block
+    tail = 0 if rest == 0 else max(16, triton.next_power_of_2(rest))
+    nblk = T // block + (1 if tail else 0)
     SB, ST = (C3, B * C3) if batch_second else (T * C3, C3)
     OB, OT = (C, B * C) if batch_second else (T * C, C)
     meta = dict(T=T, SB=SB, ST=ST, OB=OB, OT=OT, C=C, D=C // heads, H=heads, NBLK=nblk,
                 WIDE=qkv.numel() >= WIDE_ELEMENTS,
                 DOT=1 if qkv.dtype == torch.float32 else 2 if INTERPRETED else 0,
                 STAGES=LAUNCH[f"{way}_stages"], num_warps=LAUNCH[f"{way}_warps"],
-                BLOCK=block, TAIL=tail, TB=tail or block, NFULL=full,
+                BLOCK=block, TAIL=tail, TB=tail or block,
                 BLOCK_D=max(16, triton.next_power_of_2(C // heads)))
     return B * heads, nblk, meta
 
@@ -96,7 +88,7 @@ def _fwd(qkv: torch.Tensor, bias: Optional[torch.Tensor], heads: int, scale: flo
     """Output and log-sum-exps. ``bias``: the qkv projection's, already in qkv (added by the
     projection's GEMM), taken here only for the backward to return its gradient."""
     out = qkv.new_empty((*qkv.shape[:-1], qkv.shape[-1] // 3))
-    sh, nblk, meta = _meta(qkv, heads, batch_second, "fwd", LAUNCH["fwd_merge"])
+    sh, nblk, meta = _meta(qkv, heads, batch_second, "fwd")
     lse = torch.empty((sh, meta["T"]), device=qkv.device, dtype=torch.float32)
     if qkv.numel():
         launch(_fwd_kernel, (sh * nblk,), qkv, out, lse, scale, **meta)
@@ -109,21 +101,17 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """dqkv, and with ``sums`` its column sums over all rows in fp32 (else empty)."""
     dqkv = torch.empty_like(qkv)
-    sh, nq, dq_meta = _meta(qkv, heads, batch_second, "bwd", LAUNCH["dq_merge"])
-    _, nk, dkv_meta = _meta(qkv, heads, batch_second, "bwd", LAUNCH["dkv_merge"])
-    # one row of partial column sums per (sequence, block): dq's kernel writes the q columns
-    # of rows sequence · nq + block, the dk/dv kernel the k and v columns of sequence · nk +
-    # block; where the two block counts differ, the rows one of them leaves are zeros
-    rows = sh // heads * max(nq, nk) if sums else 0
-    parts = (torch.empty if nq == nk else torch.zeros)(
-        (rows, qkv.shape[-1]), device=qkv.device, dtype=torch.float32)
+    sh, nblk, meta = _meta(qkv, heads, batch_second, "bwd")
+    # one row of partial column sums per (sequence, block), every one written by the kernels
+    parts = torch.empty((sh // heads * nblk if sums else 0, qkv.shape[-1]),
+                        device=qkv.device, dtype=torch.float32)
     if qkv.numel():
         delta = torch.empty_like(lse)
         p = parts if sums else qkv
-        launch(_dq_kernel, (sh * nq,), qkv, dout, out, lse, dqkv, delta, p, scale,
-               SUMS=sums, **dq_meta)
-        launch(_dkv_kernel, (sh * nk,), qkv, dout, lse, delta, dqkv, p, scale, SUMS=sums,
-               **dkv_meta)
+        launch(_dq_kernel, (sh * nblk,), qkv, dout, out, lse, dqkv, delta, p, scale,
+               SUMS=sums, **meta)
+        launch(_dkv_kernel, (sh * nblk,), qkv, dout, lse, delta, dqkv, p, scale, SUMS=sums,
+               **meta)
     return dqkv, parts.sum(0)
 
 
