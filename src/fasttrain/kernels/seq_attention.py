@@ -55,37 +55,31 @@ WIDE_ELEMENTS = 2**31  # qkv this large indexes in int64 (the kernels' WIDE), sm
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Launch settings: rows (queries or keys) a block, warps a program, the key loop's pipelining
 # stages.
-# ``*_pair``: where a sequence ends in a partial block, the program of the last full block
-# takes it too, as a second tile against the same loads (197 tokens: three programs a sequence
-# and head, the third with 64 + 16 rows), instead of a program of its own.
 LAUNCH = {"fwd_block": 64, "fwd_warps": 4, "fwd_stages": 2,
-          "bwd_block": 64, "bwd_warps": 4, "bwd_stages": 2,
-          "fwd_pair": True, "dq_pair": True, "dkv_pair": True}
+          "bwd_block": 64, "bwd_warps": 4, "bwd_stages": 2}
 
 
 # ----------------------------------------------------------------------------- custom ops
 
-def _meta(qkv: torch.Tensor, heads: int, batch_second: bool, way: str,
-          pair: bool = False) -> tuple[int, int, dict]:
-    """(sequences × heads, programs a sequence and head, the kernels' compile-time settings).
-    Constant sizes and strides make the address arithmetic multiplies by constants. ``pair``:
-    a partial last block goes to the program of the full one before it (see LAUNCH)."""
+def _meta(qkv: torch.Tensor, heads: int, batch_second: bool,
+          way: str) -> tuple[int, int, dict]:
+    """(sequences × heads, blocks a sequence, the kernels' compile-time settings). Constant
+    sizes and strides make the address arithmetic multiplies by constants."""
     T, B, C3 = qkv.shape if batch_second else (qkv.shape[1], qkv.shape[0], qkv.shape[2])
     C = C3 // 3
     block = LAUNCH[f"{way}_block"]
     rest = T % block
     tail = 0 if rest == 0 else max(16, triton.next_power_of_2(rest))
     nblk = T // block + (1 if tail else 0)
-    nprog = nblk - 1 if pair and tail and T >= block else nblk
     SB, ST = (C3, B * C3) if batch_second else (T * C3, C3)
     OB, OT = (C, B * C) if batch_second else (T * C, C)
     meta = dict(T=T, SB=SB, ST=ST, OB=OB, OT=OT, C=C, D=C // heads, H=heads, NBLK=nblk,
                 WIDE=qkv.numel() >= WIDE_ELEMENTS,
                 DOT=1 if qkv.dtype == torch.float32 else 2 if INTERPRETED else 0,
                 STAGES=LAUNCH[f"{way}_stages"], num_warps=LAUNCH[f"{way}_warps"],
-                BLOCK=block, TAIL=tail, TB=tail or block, NPROG=nprog,
+                BLOCK=block, TAIL=tail, TB=tail or block,
                 BLOCK_D=max(16, triton.next_power_of_2(C // heads)))
-    return B * heads, nprog, meta
+    return B * heads, nblk, meta
 
 
 @op("fasttrain::seq_attention_fwd")
@@ -94,10 +88,10 @@ def _fwd(qkv: torch.Tensor, bias: Optional[torch.Tensor], heads: int, scale: flo
     """Output and log-sum-exps. ``bias``: the qkv projection's, already in qkv (added by the
     projection's GEMM), taken here only for the backward to return its gradient."""
     out = qkv.new_empty((*qkv.shape[:-1], qkv.shape[-1] // 3))
-    sh, nprog, meta = _meta(qkv, heads, batch_second, "fwd", LAUNCH["fwd_pair"])
+    sh, nblk, meta = _meta(qkv, heads, batch_second, "fwd")
     lse = torch.empty((sh, meta["T"]), device=qkv.device, dtype=torch.float32)
     if qkv.numel():
-        launch(_fwd_kernel, (sh * nprog,), qkv, out, lse, scale, **meta)
+        launch(_fwd_kernel, (sh * nblk,), qkv, out, lse, scale, **meta)
     return out, lse
 
 
@@ -107,18 +101,17 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """dqkv, and with ``sums`` its column sums over all rows in fp32 (else empty)."""
     dqkv = torch.empty_like(qkv)
-    sh, nq, dq_meta = _meta(qkv, heads, batch_second, "bwd", LAUNCH["dq_pair"])
-    _, nk, dkv_meta = _meta(qkv, heads, batch_second, "bwd", LAUNCH["dkv_pair"])
+    sh, nblk, meta = _meta(qkv, heads, batch_second, "bwd")
     # one row of partial column sums per (sequence, block), every one written by the kernels
-    parts = torch.empty((sh // heads * dq_meta["NBLK"] if sums else 0, qkv.shape[-1]),
+    parts = torch.empty((sh // heads * nblk if sums else 0, qkv.shape[-1]),
                         device=qkv.device, dtype=torch.float32)
     if qkv.numel():
         delta = torch.empty_like(lse)
         p = parts if sums else qkv
-        launch(_dq_kernel, (sh * nq,), qkv, dout, out, lse, dqkv, delta, p, scale,
-               SUMS=sums, **dq_meta)
-        launch(_dkv_kernel, (sh * nk,), qkv, dout, lse, delta, dqkv, p, scale, SUMS=sums,
-               **dkv_meta)
+        launch(_dq_kernel, (sh * nblk,), qkv, dout, out, lse, dqkv, delta, p, scale,
+               SUMS=sums, **meta)
+        launch(_dkv_kernel, (sh * nblk,), qkv, dout, lse, delta, dqkv, p, scale, SUMS=sums,
+               **meta)
     return dqkv, parts.sum(0)
 
 
