@@ -100,6 +100,24 @@ def test_projected_attention_sums_the_bias_gradient_in_its_kernels(monkeypatch, 
         module.projected_seq_attention(x, weight, bias[1:], 2)
 
 
+def test_the_kernels_launch_opaque_with_their_register_caps(monkeypatch):
+    """The caps (LAUNCH's ``*_maxnreg``) and the dk/dv kernel's own stages reach the launches,
+    which go around Inductor (``opaque``), as it would drop the cap."""
+    seen = {}
+    monkeypatch.setattr(module, "launch",
+                        lambda kernel, grid, *args, **meta: seen.setdefault(kernel.fn.__name__,
+                                                                            meta))
+    monkeypatch.setitem(module.LAUNCH, "dkv_stages", 5)
+    qkv, cot = _inputs(2, 70, 2, 16, torch.float32)
+    out, lse = torch.ops.fasttrain.seq_attention_fwd(qkv, None, 2, 0.25, False)
+    torch.ops.fasttrain.seq_attention_bwd(cot, qkv, out, lse, 2, 0.25, False, True)
+    assert set(seen) == {"_fwd_kernel", "_dq_kernel", "_dkv_kernel"}
+    for name, way in (("_fwd_kernel", "fwd"), ("_dq_kernel", "dq"), ("_dkv_kernel", "dkv")):
+        assert seen[name]["opaque"] and seen[name]["maxnreg"] == module.LAUNCH[f"{way}_maxnreg"]
+    assert seen["_dkv_kernel"]["STAGES"] == 5
+    assert seen["_dq_kernel"]["STAGES"] == module.LAUNCH["bwd_stages"]
+
+
 def test_the_reference_is_sdpa_on_the_permuted_projection():
     qkv, _ = _inputs(2, 9, 2, 8, torch.float64)
     q, k, v = qkv.view(2, 9, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)

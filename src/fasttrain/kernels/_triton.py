@@ -122,9 +122,12 @@ def runs_on(t: torch.Tensor) -> bool:
     return t.is_cuda or (INTERPRETED and t.device.type == "cpu")
 
 
-def op(name: str):
-    """Decorator: register ``fn`` as the custom op ``name`` (see the module docstring)."""
-    if not INTERPRETED:
+def op(name: str, opaque: bool = False):
+    """Decorator: register ``fn`` as the custom op ``name`` (see the module docstring).
+    ``opaque``: a ``custom_op`` on a GPU too, whose kernels Inductor does not see but runs as
+    the op's Python body at run time — for launches that need options Inductor's user-kernel
+    path drops (a register cap, ``maxnreg``); its ``launch`` calls pass ``opaque=True``."""
+    if not INTERPRETED and not opaque:
         return triton_op(name, mutates_args=())
 
     def register(fn):
@@ -134,11 +137,17 @@ def op(name: str):
     return register
 
 
-def launch(kernel, grid: tuple[int, ...], *args, **meta) -> None:
-    """Launch ``kernel`` over ``grid`` (traceable by torch.compile on a GPU)."""
-    if INTERPRETED and any(isinstance(a, FakeTensor) for a in args):
-        return  # fake (shape-only) call of the interpreted fallback
-    wrap_triton(kernel)[grid](*args, **meta)
+def launch(kernel, grid: tuple[int, ...], *args, opaque: bool = False, maxnreg: int = 0,
+           **meta) -> None:
+    """Launch ``kernel`` over ``grid`` (traceable by torch.compile on a GPU). ``opaque``: from
+    an ``op(..., opaque=True)``, a plain launch, where ``maxnreg`` (if not 0) caps the registers
+    a thread (so more programs fit an SM; ignored by the interpreter)."""
+    if (INTERPRETED or opaque) and any(isinstance(a, FakeTensor) for a in args):
+        return  # fake (shape-only) call of an opaque op
+    if opaque and not INTERPRETED:
+        kernel[grid](*args, **meta, **({"maxnreg": maxnreg} if maxnreg else {}))
+    else:
+        wrap_triton(kernel)[grid](*args, **meta)
 
 
 @functools.lru_cache(maxsize=None)

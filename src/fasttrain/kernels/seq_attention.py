@@ -55,8 +55,14 @@ WIDE_ELEMENTS = 2**31  # qkv this large indexes in int64 (the kernels' WIDE), sm
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Launch settings: rows (queries or keys) a block, warps a program, the key loop's pipelining
 # stages.
+# The dk/dv kernel's own pipelining stages, and register caps a thread (0: none): at 181
+# registers only two of its programs fit an SM; capped at 168 (a few spills), three do, and it
+# took 154.3 µs against 194.6 at ViT-B batch 128 on the H200 (with 3 stages; the forward capped
+# at 96: 89.2 against 94.7; seq-attention-maxnreg-20261125-0540). The ops that launch with a cap
+# are opaque to Inductor (``_triton.op``), which drops the option from user kernels.
 LAUNCH = {"fwd_block": 64, "fwd_warps": 4, "fwd_stages": 2,
-          "bwd_block": 64, "bwd_warps": 4, "bwd_stages": 2}
+          "bwd_block": 64, "bwd_warps": 4, "bwd_stages": 2,
+          "dkv_stages": 3, "fwd_maxnreg": 96, "dq_maxnreg": 0, "dkv_maxnreg": 168}
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -82,7 +88,7 @@ def _meta(qkv: torch.Tensor, heads: int, batch_second: bool,
     return B * heads, nblk, meta
 
 
-@op("fasttrain::seq_attention_fwd")
+@op("fasttrain::seq_attention_fwd", opaque=True)
 def _fwd(qkv: torch.Tensor, bias: Optional[torch.Tensor], heads: int, scale: float,
          batch_second: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Output and log-sum-exps. ``bias``: the qkv projection's, already in qkv (added by the
@@ -91,11 +97,12 @@ def _fwd(qkv: torch.Tensor, bias: Optional[torch.Tensor], heads: int, scale: flo
     sh, nblk, meta = _meta(qkv, heads, batch_second, "fwd")
     lse = torch.empty((sh, meta["T"]), device=qkv.device, dtype=torch.float32)
     if qkv.numel():
-        launch(_fwd_kernel, (sh * nblk,), qkv, out, lse, scale, **meta)
+        launch(_fwd_kernel, (sh * nblk,), qkv, out, lse, scale, opaque=True,
+               maxnreg=LAUNCH["fwd_maxnreg"], **meta)
     return out, lse
 
 
-@op("fasttrain::seq_attention_bwd")
+@op("fasttrain::seq_attention_bwd", opaque=True)
 def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
          heads: int, scale: float, batch_second: bool, sums: bool
          ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,9 +116,10 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
         delta = torch.empty_like(lse)
         p = parts if sums else qkv
         launch(_dq_kernel, (sh * nblk,), qkv, dout, out, lse, dqkv, delta, p, scale,
-               SUMS=sums, **meta)
+               SUMS=sums, opaque=True, maxnreg=LAUNCH["dq_maxnreg"], **meta)
         launch(_dkv_kernel, (sh * nblk,), qkv, dout, lse, delta, dqkv, p, scale, SUMS=sums,
-               **meta)
+               opaque=True, maxnreg=LAUNCH["dkv_maxnreg"],
+               **{**meta, "STAGES": LAUNCH["dkv_stages"]})
     return dqkv, parts.sum(0)
 
 
