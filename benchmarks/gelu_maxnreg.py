@@ -16,7 +16,7 @@ import torch
 
 from fasttrain.env import environment
 from fasttrain.kernels import activations as act
-from kernels_micro import graph_ms  # benchmarks/, the script's own folder
+from kernels_micro import time_or_error  # benchmarks/, the script's own folder
 
 CAP = {"maxnreg": None}
 
@@ -43,11 +43,7 @@ def main() -> None:
             for cap in caps:
                 act.LAUNCH.update(default, **{key: programs})
                 CAP["maxnreg"] = cap
-                try:
-                    fn()
-                    ms, error = graph_ms(fn), None
-                except Exception as e:  # noqa: BLE001 - a failing setting is a row
-                    ms, error = None, f"{type(e).__name__}: {str(e)[:120]}"
+                ms, error = time_or_error(fn)
                 rows.append({"kind": "regs-probe", "kernel": kernel, "programs_per_sm": programs,
                              "maxnreg": cap, "ms": ms, "error": error, "env": env})
                 print(kernel, programs, cap, f"{ms * 1e3:.1f} us" if ms else error, flush=True)

@@ -78,6 +78,16 @@ def graph_ms(fn) -> float:
     return do_bench(graph.replay, warmup=5, rep=50, return_mode="median")
 
 
+def time_or_error(fn) -> tuple[float | None, str | None]:
+    """(median ms of a CUDA-graph replay of ``fn``, None), or (None, the error) where the
+    setting fails to compile or run: a failing setting is a row too."""
+    try:
+        fn()
+        return graph_ms(fn), None
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {str(e)[:150]}"
+
+
 def append_rows(path: str, rows: list[dict]) -> None:
     """Append ``rows`` to the JSONL file ``path`` (its folder made if missing)."""
     out = Path(path)

@@ -18,7 +18,7 @@ import torch
 from fasttrain.env import environment
 from fasttrain.kernels import seq_attention as module
 from fasttrain.kernels._seq_attention_kernels import _dkv_kernel, _dq_kernel, _fwd_kernel
-from kernels_micro import graph_ms  # benchmarks/, the script's own folder
+from kernels_micro import time_or_error  # benchmarks/, the script's own folder
 
 CAPS = (None, 168, 160, 128, 96)
 STAGES = (2, 3)
@@ -51,11 +51,7 @@ def main() -> None:
             for stages in STAGES:
                 extra = {"maxnreg": cap} if cap else {}
                 fn = lambda: kernel[grid](*args, **dict(settings, STAGES=stages), **extra)
-                try:
-                    fn()
-                    ms, error = graph_ms(fn), None
-                except Exception as e:  # noqa: BLE001 - a failing setting is a row
-                    ms, error = None, f"{type(e).__name__}: {str(e)[:150]}"
+                ms, error = time_or_error(fn)
                 rows.append({"kind": "seq-attention-maxnreg", "kernel": name, "maxnreg": cap,
                              "stages": stages, "ms": ms, "error": error, "env": env})
                 print(name, cap, stages, f"{ms * 1e3:.1f} us" if ms else error, flush=True)
