@@ -9,14 +9,13 @@ CUDA-graph replay, in ``$OUT/gelu-regs.jsonl``.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 
 from fasttrain.env import environment
 from fasttrain.kernels import activations as act
-from kernels_micro import time_or_error  # benchmarks/, the script's own folder
+from kernels_micro import append_rows, time_or_error  # benchmarks/, the script's own folder
 
 CAP = {"maxnreg": None}
 
@@ -48,8 +47,7 @@ def main() -> None:
                              "maxnreg": cap, "ms": ms, "error": error, "env": env})
                 print(kernel, programs, cap, f"{ms * 1e3:.1f} us" if ms else error, flush=True)
     act.LAUNCH.update(default)
-    with open(os.path.join(os.environ["OUT"], "gelu-regs.jsonl"), "w") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    append_rows(os.path.join(os.environ["OUT"], "gelu-regs.jsonl"), rows)
 
 
 if __name__ == "__main__":

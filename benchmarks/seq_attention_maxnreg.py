@@ -10,7 +10,6 @@ One JSONL row per (kernel, cap, stages): the median ms of a CUDA-graph replay, i
 """
 from __future__ import annotations
 
-import json
 import os
 
 import torch
@@ -18,7 +17,7 @@ import torch
 from fasttrain.env import environment
 from fasttrain.kernels import seq_attention as module
 from fasttrain.kernels._seq_attention_kernels import _dkv_kernel, _dq_kernel, _fwd_kernel
-from kernels_micro import time_or_error  # benchmarks/, the script's own folder
+from kernels_micro import append_rows, time_or_error  # benchmarks/, the script's own folder
 
 CAPS = (None, 168, 160, 128, 96)
 STAGES = (2, 3)
@@ -55,8 +54,7 @@ def main() -> None:
                 rows.append({"kind": "seq-attention-maxnreg", "kernel": name, "maxnreg": cap,
                              "stages": stages, "ms": ms, "error": error, "env": env})
                 print(name, cap, stages, f"{ms * 1e3:.1f} us" if ms else error, flush=True)
-    with open(os.path.join(os.environ["OUT"], "regs.jsonl"), "w") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    append_rows(os.path.join(os.environ["OUT"], "regs.jsonl"), rows)
 
 
 if __name__ == "__main__":

@@ -142,6 +142,9 @@ def launch(kernel, grid: tuple[int, ...], *args, opaque: bool = False, maxnreg: 
     """Launch ``kernel`` over ``grid`` (traceable by torch.compile on a GPU). ``opaque``: from
     an ``op(..., opaque=True)``, a plain launch, where ``maxnreg`` (if not 0) caps the registers
     a thread (so more programs fit an SM; ignored by the interpreter)."""
+    if maxnreg and not opaque:
+        raise ValueError(f"{kernel.fn.__name__}: maxnreg needs an opaque launch (Inductor "
+                         "drops it)")
     if (INTERPRETED or opaque) and any(isinstance(a, FakeTensor) for a in args):
         return  # fake (shape-only) call of an opaque op
     if opaque and not INTERPRETED:

@@ -16,13 +16,10 @@ What is fused
     no separate bias-gradient reduction over the activations).
 
 When they help
-    In eager mode, where PyTorch runs the add, the norm and their backwards as separate
-    kernels that each stream the whole activation through memory (3-3.5× faster than eager on
-    the H200). Under ``torch.compile`` Inductor fuses the same add and norm at the same speed
-    (2.5-3 TB/s at Swin-B's, ViT-B's and Llama-1B's widths, kernels-micro-norms-20261121-1352),
-    and whole Swin-B and ViT-B steps measure ties; they are an option, not part of the fast
-    search. Mixed dtypes as autocast runs pre-norm blocks: a bf16 branch output added to the
-    fp32 residual stream, the norm written in bf16 for the next matmul (``out_dtype``).
+    In eager mode 3-3.5× faster than PyTorch's separate add, norm and backward kernels (H200,
+    kernels-micro-norms-20261121-1352); under ``torch.compile`` see the README for where they
+    beat Inductor's fused norms. Mixed dtypes as autocast runs pre-norm blocks: a bf16 branch
+    added to the fp32 residual stream, the norm written in bf16 for the next matmul.
 
 Numerics
     Statistics (mean, variance, rstd) and every reduction are computed in fp32 whatever the
@@ -31,10 +28,7 @@ Numerics
     ``y`` in ``out_dtype`` (default x's). weight and bias may be fp32 while x is bf16/fp16
     (autocast style). Every gradient comes back in its input's dtype.
 
-torch.compile
-    The kernels are custom ops with ``register_autograd`` backwards, registered through
-    ``._triton`` (``triton_op`` on a GPU, so Inductor sees the Triton kernels; an opaque
-    ``custom_op`` under the interpreter): no graph break either way.
+torch.compile: custom ops with ``register_autograd`` backwards, through ``._triton``.
 
 Inputs may have any leading shape and any last dim D. Both kernels work on tiles of whole rows
 (``BLOCK_D = next_power_of_2(D)`` masked lanes, as many rows as make a few thousand elements):
@@ -55,14 +49,11 @@ __all__ = ["rms_norm", "layer_norm", "rms_norm_reference", "layer_norm_reference
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Tensors3 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-# Tiles (H200, kernels-micro-norms-20261121-1352: fastest summed over Swin-B's widths): elements
-# per tile (whole rows, at most max_rows of them) and warps per program each way; persistent
-# backward programs per SM, and how many tiles ahead their loads are software-pipelined
-# (launch-tune-20261121-1633: 3 stages at one program per SM with 4 warps over 4,096 elements
-# took add + LayerNorm forward + backward 10-19% below 8 warps, 8,192 elements, 2 programs, no
-# pipelining, at Swin-B's and ViT-B's widths, and RMSNorm 9% at Llama's).
-# Storing x's bf16 gradient too, 8 warps: 95 against 119 µs at ViT-B's width, a tie at Swin-B
-# stage 1's (ln-bwd-tune-20261125-0316).
+# Elements a tile (whole rows, at most max_rows), warps a program each way, persistent backward
+# programs an SM and the tiles their loads run ahead (H200, kernels-micro-norms-20261121-1352,
+# launch-tune-20261121-1633: 3 stages, 1 program of 4 warps, 4,096 elements, 10-19% faster than
+# 2 of 8 warps unpipelined); 8 warps where x's bf16 gradient is stored too (95 against 119 µs at
+# ViT-B's width, ln-bwd-tune-20261125-0316).
 LAUNCH = {"fwd_elements": 8192, "bwd_elements": 4096, "max_rows": 64, "fwd_warps": 8,
           "bwd_warps": 4, "bwd_copy_warps": 8, "programs_per_sm": 1, "bwd_stages": 3}
 
@@ -265,15 +256,13 @@ def _ln_bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor,
 
 
 def _stream_grad(ctx, dh: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The gradient arriving at h from the residual stream (None: only the norm's output
-    carries one)."""
+    """The gradient arriving at h from the residual stream (None: only y carries one)."""
     return dh.contiguous() if ctx.has_res and dh is not None else None
 
 
 def _input_grads(ctx, dx: torch.Tensor, dx2: torch.Tensor
                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """dx (in h's dtype) as the gradients of x and of the residual, each in its own dtype: x's
-    is the backward's second copy ``dx2`` where x's dtype differs from h's (no cast pass)."""
+    """dx as x's and the residual's gradients, each in its own dtype (x's: ``dx2``, if any)."""
     dx_x = dx if ctx.x_dtype == dx.dtype else dx2
     return dx_x, (dx.to(ctx.res_dtype) if ctx.has_res else None)
 

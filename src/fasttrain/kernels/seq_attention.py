@@ -53,13 +53,12 @@ __all__ = ["seq_attention", "seq_attention_reference", "projected_seq_attention"
 
 WIDE_ELEMENTS = 2**31  # qkv this large indexes in int64 (the kernels' WIDE), smaller in int32
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Launch settings: rows (queries or keys) a block, warps a program, the key loop's pipelining
-# stages.
-# The dk/dv kernel's own pipelining stages, and register caps a thread (0: none): at 181
-# registers only two of its programs fit an SM; capped at 168 (a few spills), three do, and it
-# took 154.3 µs against 194.6 at ViT-B batch 128 on the H200 (with 3 stages; the forward capped
-# at 96: 89.2 against 94.7; seq-attention-maxnreg-20261125-0540). The ops that launch with a cap
-# are opaque to Inductor (``_triton.op``), which drops the option from user kernels.
+# Launch settings: rows (queries or keys) a block, warps a program, the inner loop's pipelining
+# stages (the dk/dv kernel's its own), and register caps a thread (0: none). At 181 registers
+# only two dk/dv programs fit an SM; capped at 168 (a few spills) three do: 154.3 µs against
+# 194.6 at ViT-B batch 128 on the H200 with 3 stages; the forward capped at 96, 89.2 against
+# 94.7 (seq-attention-maxnreg-20261125-0540). Inductor drops ``maxnreg`` from user kernels, so
+# the two ops are opaque to it (``_triton.op(..., opaque=True)``).
 LAUNCH = {"fwd_block": 64, "fwd_warps": 4, "fwd_stages": 2,
           "bwd_block": 64, "bwd_warps": 4, "bwd_stages": 2,
           "dkv_stages": 3, "fwd_maxnreg": 96, "dq_maxnreg": 0, "dkv_maxnreg": 168}
