@@ -29,6 +29,7 @@ KERNEL_FAMILIES = ("patch", "loss", "window", "layernorm", "gelu", "swiglu", "ro
                    "attention", "conv")
 """What ``kernels`` may name besides none | fused (all of them): see techniques/kernels.py."""
 FP8 = ("none", "large", "linear")
+STREAM_DTYPES = ("auto", "bf16")
 EMA_MODES = ("auto", "none", "per-tensor", "foreach", "side-stream")
 COMPILE = ("none", "model", "regional")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
@@ -110,6 +111,12 @@ class Recipe:
     Numerics: none."""
     channels_last: bool = False
     """NHWC memory format for convolution workloads."""
+    stream_dtype: str = "auto"
+    """The residual stream of transformer blocks (ViT, Swin): auto (as precision leaves
+    it: fp32 under bf16-mixed) | bf16 (cast once after the embeddings, as Megatron-LM does by
+    default: the residual adds and the fused add + norm kernels move half the bytes; the norms'
+    statistics stay fp32). Needs bf16-mixed. Numerics: the stream is rounded to bf16 after
+    every add."""
     checkpointing: str = "none"
     """Activation checkpointing of the repeated blocks: none | full | selective (keeps matmul
     and attention outputs, recomputes the elementwise ops)."""
@@ -242,6 +249,10 @@ def validate(r: Recipe) -> None:
     _choice("attention", r.attention, ATTENTION)
     kernel_families(r.kernels)
     _choice("fp8", r.fp8, FP8)
+    _choice("stream_dtype", r.stream_dtype, STREAM_DTYPES)
+    if r.stream_dtype == "bf16" and r.precision not in ("bf16-mixed", "bf16-true"):
+        raise FasttrainError(f"recipe: stream_dtype=bf16 needs precision=bf16-mixed, "
+                             f"not {r.precision}")
     if r.fp8 != "none" and r.precision not in ("bf16-mixed", "bf16-true"):
         raise FasttrainError(f"recipe: fp8={r.fp8} needs precision=bf16-mixed or bf16-true "
                              f"(its matmuls return bf16), not {r.precision}")

@@ -28,7 +28,7 @@ from ..techniques import attention as attn
 from ..techniques.compile import graph_stats, limit_warning, save_cache
 from ..workloads.base import Batch, Workload
 from . import checkpoint
-from .data import DevicePrefetcher, HostBatches, make_loader, to_device
+from .data import DevicePrefetcher, HostBatches, SlotPrefetcher, make_loader, to_device
 from .graphs import GraphedStep
 from .timer import PhaseTimer
 from .steadiness import spread
@@ -292,8 +292,11 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
     loader = make_loader(wl, state.micro_batch, r.seed, dataset=dataset, rank=d.rank,
                          world=d.world, global_batch=state.micro_batch * r.accumulation * d.world,
                          start_step=start_step, collate=state.collate, **state.loader_kwargs)
-    it = (DevicePrefetcher(iter(loader), dev, r.accumulation) if state.device_prefetch
-          else HostBatches(iter(loader), dev, r.accumulation, state.non_blocking))
+    if state.device_prefetch:  # slots under CUDA graphs, whose step copies its inputs at once
+        it = (SlotPrefetcher if r.cuda_graphs else DevicePrefetcher)(iter(loader), dev,
+                                                                   r.accumulation)
+    else:
+        it = HostBatches(iter(loader), dev, r.accumulation, state.non_blocking)
     timer = PhaseTimer(dev, labels=any(o.labels for o in observers))
     stepper, losses, host_wait, count, counts = None, [], 0.0, 0, []
     t0 = time.perf_counter()

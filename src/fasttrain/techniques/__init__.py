@@ -5,6 +5,7 @@ Order and why:
   allocator      before the first CUDA allocation of the process (checked, not assumed).
   channels_last  before precision and compile: compile specialises on the memory format.
   precision      before compile: bf16-true changes parameter dtypes that compile guards on.
+  stream_dtype   the models' residual-stream cast: before compile, which traces it.
   attention      a per-step context; before compile so the traced graph sees the backend.
   kernels        fused layer paths: after the FLOP probe, before compile (which traces them).
   fp8            float8 linear layers: after the FLOP probe, before checkpointing and compile.
@@ -29,7 +30,8 @@ import importlib
 from ..recipe import Recipe
 from .base import Technique, TrainState
 
-_MODULES = ("init", "allocator", "channels_last", "precision", "attention", "kernels", "fp8",
+_MODULES = ("init", "allocator", "channels_last", "precision", "stream",
+            "attention", "kernels", "fp8",
             "checkpointing", "compile", "sharding", "optimizer", "ema", "dataloader", "padding",
             "cuda_graphs", "graph_memsets", "accumulation")
 

@@ -20,15 +20,13 @@ def apply(state: TrainState) -> str:
     if r.non_blocking and not kw["pin_memory"] and state.cuda:
         state.warn("dataloader", "non_blocking without pin_memory copies synchronously")
     state.loader_kwargs = kw
-    # Under CUDA graphs the step copies each batch into static inputs; a copy stream whose
-    # blocks carry record_stream events makes the allocator query events during capture, which
-    # invalidates the capture (seen on the H200: "operation failed due to a previous error
-    # during capture"). So prefetch stays off there.
-    state.device_prefetch = r.device_prefetch and state.cuda and not r.cuda_graphs
+    # Under CUDA graphs the prefetch copies into two preallocated slots (run/data.py's
+    # SlotPrefetcher): fresh batches whose blocks carry record_stream uses make the allocator
+    # query events during capture, which invalidates it (seen on the H200: "operation failed
+    # due to a previous error during capture").
+    state.device_prefetch = r.device_prefetch and state.cuda
     if r.device_prefetch and not state.cuda:
         state.warn("dataloader", "device_prefetch needs CUDA; ignored")
-    elif r.device_prefetch and r.cuda_graphs:
-        state.warn("dataloader", "device_prefetch is off under cuda_graphs (static inputs)")
     parts = [f"{r.workers} workers" if r.workers else "loading in the main process"]
     if kw["pin_memory"]:
         parts.append("pinned memory")
@@ -37,7 +35,8 @@ def apply(state: TrainState) -> str:
     if r.workers:
         parts.append(f"prefetch {r.prefetch_factor}")
     if state.device_prefetch:
-        parts.append("next batch copied on a side stream")
+        parts.append("next batch copied on a side stream" + (
+            " into two device buffers used in turn" if r.cuda_graphs else ""))
     return ", ".join(parts)
 
 

@@ -196,6 +196,7 @@ class Swin(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.channels_last = False  # set by the channels_last technique
+        self.stream_dtype: torch.dtype | None = None  # set by the stream_dtype technique
         self.patch_embed = PatchEmbed(3, cfg.dim, cfg.patch)
         self.patch_norm = nn.LayerNorm(cfg.dim)
         res, dim, stages = cfg.image // cfg.patch, cfg.dim, []
@@ -216,6 +217,8 @@ class Swin(nn.Module):
         # weights are bf16 also under bf16-mixed with master weights
         x = normalize_images(images, self.norm.weight.dtype, self.channels_last)
         x = self.patch_norm(self.patch_embed.tokens(x))  # (B, H, W, C)
+        if self.stream_dtype is not None:
+            x = x.to(self.stream_dtype)
         x = self.norm(self.stages(x))
         return x.mean(dim=(1, 2))  # (B, C)
 

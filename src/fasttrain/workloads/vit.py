@@ -105,6 +105,7 @@ class ViT(nn.Module):
         super().__init__()
         self.cfg, self.pool, self.batch_second = cfg, pool, batch_second
         self.channels_last = False  # set by the channels_last technique
+        self.stream_dtype: torch.dtype | None = None  # set by the stream_dtype technique
         tokens = (cfg.image // cfg.patch) ** 2 + (1 if pool == "cls" else 0)
         self.patch_embed = PatchEmbed(3, cfg.dim, cfg.patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if pool == "cls" else None
@@ -121,6 +122,8 @@ class ViT(nn.Module):
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = x + self.pos_embed
+        if self.stream_dtype is not None:
+            x = x.to(self.stream_dtype)
         if self.batch_second:
             x = x.transpose(0, 1)  # (T, B, C)
         x = self.norm(run_blocks(self.blocks, x))

@@ -1,0 +1,76 @@
+"""stream_dtype=bf16: the residual stream of ViT and Swin in bf16 under bf16-mixed (CPU)."""
+import pytest
+import torch
+
+from fasttrain.errors import FasttrainError
+from fasttrain.recipe import Recipe
+from fasttrain.run.loop import prepare, train
+from fasttrain.workloads import load_workload
+
+CPU = torch.device("cpu")
+
+
+def _stream_dtypes(workload: str, recipe: Recipe) -> tuple[set[torch.dtype], set[torch.dtype]]:
+    """The dtypes of the tensors entering the blocks' residual adds, forward and backward: each
+    block's input and the gradient that arrives at it."""
+    wl = load_workload(workload, "tiny")
+    state, ds, _ = prepare(wl, recipe, CPU)
+    blocks = list(wl.regional_blocks(state.model))
+    fwd, bwd = set(), set()
+
+    def pre(_m, args):
+        x = args[0]
+        fwd.add(x.dtype)
+        if x.requires_grad:
+            x.register_hook(lambda g: bwd.add(g.dtype))
+
+    for b in blocks:
+        b.register_forward_pre_hook(pre)
+    batch = wl.collate([ds[i] for i in range(2)])
+    with state.step_context():
+        loss = wl.loss(state.model, batch)
+    loss.backward()
+    return fwd, bwd
+
+
+@pytest.mark.parametrize("kernels", ["none", "layernorm"])
+def test_vit_carries_its_stream_in_bf16_both_ways_only_when_asked(kernels):
+    base = Recipe(precision="bf16-mixed", batch=2, kernels=kernels)
+    assert _stream_dtypes("vit", base) == ({torch.float32}, {torch.float32})
+    assert _stream_dtypes("vit", base.replace(stream_dtype="bf16")) == (
+        {torch.bfloat16}, {torch.bfloat16})
+
+
+def test_swin_starts_its_stream_in_bf16():
+    fwd, bwd = _stream_dtypes("swin", Recipe(precision="bf16-mixed", batch=2,
+                                             stream_dtype="bf16"))
+    assert fwd == {torch.bfloat16} and bwd == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("workload", ["vit", "swin"])
+def test_a_bf16_stream_keeps_the_loss_within_bf16_rounding_and_says_so(workload):
+    wl = load_workload(workload, "tiny")
+    base = Recipe(precision="bf16-mixed", batch=2, kernels="layernorm")
+    plain = train(wl, base, steps=3, warmup=0, device="cpu")
+    ours = train(wl, base.replace(stream_dtype="bf16"), steps=3, warmup=0, device="cpu")
+    assert ours.losses == pytest.approx(plain.losses, rel=2e-2)
+    model = {"vit": "ViT", "swin": "Swin"}[workload]
+    assert ours.applied["stream_dtype"].startswith(f"the residual stream of {model} in bf16")
+    assert not ours.warnings
+
+
+def test_a_model_without_a_stream_switch_says_nothing_changed():
+    res = train(load_workload("llama", "tiny"), Recipe(precision="bf16-mixed",
+                                                       stream_dtype="bf16"), steps=1, warmup=0)
+    assert "stream_dtype" not in res.applied
+    assert any(w.startswith("stream_dtype: Llama has no residual stream") for w in res.warnings)
+
+
+def test_bf16_true_is_bf16_already_and_other_precisions_are_refused():
+    res = train(load_workload("vit", "tiny"), Recipe(precision="bf16-true", stream_dtype="bf16"),
+                steps=1, warmup=0)
+    assert any("bf16 already" in w for w in res.warnings)
+    with pytest.raises(FasttrainError, match="stream_dtype=bf16 needs precision=bf16-mixed"):
+        Recipe(precision="fp32", stream_dtype="bf16")
+    with pytest.raises(FasttrainError, match="stream_dtype='fp16' is not one of auto, bf16"):
+        Recipe(precision="bf16-mixed", stream_dtype="fp16")
