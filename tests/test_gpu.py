@@ -570,6 +570,19 @@ def test_vit_attention_kernel_in_the_graphed_training_loop_keeps_the_losses():
                              "self-attention from the qkv projection's layout")
 
 
+@pytest.mark.parametrize("workload", ["vit", "swin"])
+def test_a_bf16_stream_in_the_graphed_training_loop_keeps_the_losses(workload):
+    wl = load_workload(workload, "tiny")
+    base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="model",
+                  cuda_graphs=True,
+                  kernels="layernorm,gelu," + ("attention" if workload == "vit" else "window"))
+    plain = train(wl, base, steps=4, warmup=4, device="cuda")
+    ours = train(wl, base.replace(stream_dtype="bf16"), steps=4, warmup=4, device="cuda")
+    assert "in bf16 from the embeddings on" in ours.applied["stream_dtype"]
+    torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(plain.losses),
+                               rtol=2e-2, atol=0)
+
+
 def test_dependent_launch_and_combo_kernels_in_the_graphed_training_loop_keep_the_losses():
     # Inductor's kernels launched with PDL (on Hopper) and grouped into combo kernels, inside
     # the step's CUDA graph: the same losses, each switch said in the compile text

@@ -225,3 +225,29 @@ def test_backward_pipeline_stages_shrink_to_fit_shared_memory(monkeypatch):
     assert norms._stages(4 * 1024 * 10) == 3  # ViT-B: 4 rows x 1,024, fp32 h and dh, bf16 dy
     assert norms._stages(8192 * 10) == 2  # one row of 8,192: 80 KiB a stage
     assert norms._stages(16384 * 10) == 1  # no pipelining rather than a launch failure
+
+
+@pytest.mark.parametrize("d", [192, 256])
+@pytest.mark.parametrize("stream, x_dtype", [(torch.float32, torch.bfloat16),
+                                             (torch.bfloat16, torch.bfloat16),
+                                             (torch.float32, torch.float32)], ids=str)
+def test_a_16_bit_stream_launches_with_the_16_bit_settings(stream, x_dtype, d, monkeypatch):
+    """h's dtype (x's without a residual) picks the tile and warps, and with masked lanes (D
+    not a power of two) the backward's programs an SM."""
+    seen = {}
+    monkeypatch.setattr(norms, "launch", lambda kernel, grid, *a, **meta: seen.setdefault(
+        kernel.fn.__name__, (grid, meta)))
+    monkeypatch.setattr(norms, "programs_cap", lambda device, per_sm: per_sm * 100)
+    monkeypatch.setitem(norms.LAUNCH, "max_rows", 1000)
+    for key, value in (("fwd_elements", 4096), ("fwd_warps", 8), ("programs_per_sm", 1),
+                       ("fwd_elements_16", 2048), ("fwd_warps_16", 2), ("programs_per_sm_16", 3)):
+        monkeypatch.setitem(norms.LAUNCH, key, value)
+    x, r = torch.zeros(16384, d, dtype=x_dtype), torch.zeros(16384, d, dtype=stream)
+    w = torch.ones(d)
+    _, h, mean, rstd = norms._fwd(x, None, r, w, None, 1e-5, False, None)
+    norms._bwd(torch.zeros_like(x), torch.zeros_like(h), h, w, mean, rstd, False)
+    half = h.dtype.itemsize == 2
+    (fgrid, fmeta), (bgrid, _) = seen["_fwd_kernel"], seen["_bwd_kernel"]
+    assert fmeta["BLOCK_M"] == (2048 if half else 4096) // 256
+    assert fmeta["num_warps"] == (2 if half else 8)
+    assert bgrid == ((300 if half and d == 192 else 100),)

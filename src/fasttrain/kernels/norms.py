@@ -50,12 +50,14 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Tensors3 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 # Elements a tile (whole rows, at most max_rows), warps a program each way, persistent backward
-# programs an SM and the tiles their loads run ahead (H200, kernels-micro-norms-20261121-1352,
-# launch-tune-20261121-1633: 3 stages, 1 program of 4 warps, 4,096 elements, 10-19% faster than
-# 2 of 8 warps unpipelined); 8 warps where x's bf16 gradient is stored too (95 against 119 µs at
-# ViT-B's width, ln-bwd-tune-20261125-0316).
+# programs an SM and the tiles their loads run ahead (H200, launch-tune-20261121-1633: 3 stages,
+# 1 program of 4 warps 10-19% faster than 2 of 8 unpipelined); 8 warps where x's bf16 gradient
+# is stored too (ln-bwd-tune-20261125-0316). A 16-bit stream (h, or x without a residual) takes
+# the ``_16`` values, the backward's only where D is not a power of two (ViT-B 44.3 and 53.5
+# against 49.4 and 61.0 µs; 2 programs lost at Swin-B's widths: ln-stream-tune-20261125-0731).
 LAUNCH = {"fwd_elements": 8192, "bwd_elements": 4096, "max_rows": 64, "fwd_warps": 8,
-          "bwd_warps": 4, "bwd_copy_warps": 8, "programs_per_sm": 1, "bwd_stages": 3}
+          "bwd_warps": 4, "bwd_copy_warps": 8, "programs_per_sm": 1, "bwd_stages": 3,
+          "fwd_elements_16": 4096, "fwd_warps_16": 4, "programs_per_sm_16": 2}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -153,6 +155,11 @@ def _bwd_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dx2_pt
 
 # ----------------------------------------------------------------------------- launch helpers
 
+def _setting(key: str, stream: torch.dtype) -> int:
+    """LAUNCH[key], or its ``_16`` value where the stream's dtype is 16 bits."""
+    return LAUNCH.get(f"{key}_16", LAUNCH[key]) if stream.itemsize == 2 else LAUNCH[key]
+
+
 def _tile(d: int, elements: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_D): whole rows, as many as make about ``elements`` per tile."""
     block_d = triton.next_power_of_2(d)
@@ -183,7 +190,8 @@ def _fwd(x: torch.Tensor, x_bias: Optional[torch.Tensor], residual: Optional[tor
     mean = torch.empty(0 if rms else rows, device=x.device, dtype=torch.float32)
     rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
     if rows > 0:
-        block_m, block_d = _tile(d, LAUNCH["fwd_elements"])
+        stream = x.dtype if residual is None else h.dtype
+        block_m, block_d = _tile(d, _setting("fwd_elements", stream))
         launch(_fwd_kernel, (triton.cdiv(rows, block_m),),
                x, weight if x_bias is None else x_bias, x if residual is None else residual,
                weight, weight if bias is None else bias,
@@ -191,7 +199,7 @@ def _fwd(x: torch.Tensor, x_bias: Optional[torch.Tensor], residual: Optional[tor
                RMS=rms, HAS_XB=x_bias is not None, HAS_RES=residual is not None,
                HAS_BIAS=bias is not None,
                BLOCK_M=block_m, BLOCK_D=block_d,
-               num_warps=_warps(block_m, block_d, LAUNCH["fwd_warps"]))
+               num_warps=_warps(block_m, block_d, _setting("fwd_warps", stream)))
     return y, h, mean, rstd
 
 
@@ -207,8 +215,10 @@ def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: 
     dx2 = torch.empty_like(h, dtype=x_dtype) if has_dx2 else h.new_empty(0)
     block_m, block_d = _tile(d, LAUNCH["bwd_elements"])
     loaded = h.element_size() + dy.element_size() + (0 if dh is None else dh.element_size())
+    # 16-bit rows with masked lanes (D not a power of two) gain from more programs an SM
+    per_sm = "programs_per_sm_16" if h.element_size() == 2 and d & (d - 1) else "programs_per_sm"
     progs = max(1, min(triton.cdiv(rows, block_m),
-                       programs_cap(h.device, LAUNCH["programs_per_sm"])))
+                       programs_cap(h.device, LAUNCH[per_sm])))
     k = (1 if rms else 2) + x_bias
     alloc = torch.empty if rows else torch.zeros  # every program writes its rows of partials
     parts = alloc((progs, k, d), device=h.device, dtype=torch.float32)
