@@ -159,7 +159,9 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     assert axes["vit"] == ["graphs", "one-launch optimizer", "bf16 master weights",
                            "kernels attention",  # self-attention from the qkv projection
                            "kernels patch", "kernels gelu",  # GEMM patches, MLP
-                           "kernels layernorm", "autotuned reductions",  # LayerNorm backwards
+                           "kernels layernorm",
+                           "bf16 stream",  # the residual stream, where the model carries one
+                           "autotuned reductions",  # LayerNorm backwards
                            "dependent launch", "combo kernels",  # how Inductor launches
                            "memsets as kernels"]  # and the captured graph's nodes
     launches = ["dependent launch", "combo kernels", "memsets as kernels"]
@@ -169,7 +171,7 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                           "no NHWC", *launches]  # conv + GEGLU + transformer norms
     assert axes["swin"] == ["graphs", "one-launch optimizer", "bf16 master weights", "math attention",
                             "kernels window", "kernels patch", "kernels gelu", "kernels layernorm",
-                            "autotuned reductions", *launches]
+                            "bf16 stream", "autotuned reductions", *launches]
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
     assert axes["llama"] == ["graphs", "one-launch optimizer", "bf16 master weights",
                              "kernels rope", "kernels loss",  # fused-kernel layers
