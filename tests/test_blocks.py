@@ -1,6 +1,7 @@
 """Pre-norm blocks (layers/blocks.py) on the fused LayerNorm path: the attention projection's
 and fc2's biases and both residual adds move into the norms' kernels, one block handing its MLP
-branch to the next, and the model computes what the plain path does (kernels interpreted)."""
+branch to the next, and the model computes what the plain path does (kernels interpreted).
+Llama's blocks do the same with fused RMSNorms, the final norm adding the last branch."""
 import copy
 
 import pytest
@@ -14,7 +15,7 @@ with kernels_interpreted():
     import fasttrain.kernels.norms  # noqa: F401
 
 from fasttrain.layers.blocks import run_blocks  # noqa: E402
-from fasttrain.layers.norm import LayerNorm  # noqa: E402
+from fasttrain.layers.norm import LayerNorm, RMSNorm  # noqa: E402
 from fasttrain.workloads import load_workload  # noqa: E402
 
 
@@ -28,7 +29,7 @@ def _loss_and_grads(model, images, labels):
 def _fused(model):
     fused = copy.deepcopy(model)
     for m in fused.modules():
-        if isinstance(m, LayerNorm):
+        if isinstance(m, (LayerNorm, RMSNorm)):
             m.use_fused(True)
     return fused
 
@@ -138,3 +139,25 @@ def test_sd_transformer_with_fused_norms_computes_the_plain_block():
     torch.testing.assert_close(dx1, dx0, rtol=1e-4, atol=1e-5)
     for n, g in g1.items():
         torch.testing.assert_close(g, g0[n], rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")
+
+
+def test_llama_with_fused_rms_norms_hands_each_branch_on_and_keeps_every_gradient():
+    torch.manual_seed(0)
+    model = load_workload("llama", "tiny").build_model()
+    for n, p in model.named_parameters():  # norm weights away from their init of ones
+        if "norm" in n:
+            torch.nn.init.normal_(p, mean=1.0, std=0.1)
+    fused = _fused(model)
+    seen = []
+    for b in fused.layers:
+        b.register_forward_hook(lambda m, args, out: seen.append((args[3] is not None,
+                                                                  out[1] is not None)))
+    ids = torch.randint(0, model.cfg.vocab, (2, 16))
+    labels = torch.randint(0, model.cfg.vocab, (2, 16))
+    want_loss, want = _loss_and_grads(model, ids, labels)
+    got_loss, got = _loss_and_grads(fused, ids, labels)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-5)
+    for n, g in got.items():
+        torch.testing.assert_close(g, want[n], rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")
+    # every block hands its MLP branch on; every block but the first takes one
+    assert seen == [(False, True)] + [(True, True)] * (len(seen) - 1)

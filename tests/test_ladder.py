@@ -174,8 +174,8 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                             "bf16 stream", "autotuned reductions", *launches]
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
     assert axes["llama"] == ["graphs", "one-launch optimizer", "bf16 master weights",
-                             "kernels rope", "kernels loss",  # fused-kernel layers
-                             "autotuned reductions", *launches]  # RMSNorm backwards
+                             "kernels rmsnorm", "kernels rope", "kernels loss",  # fused layers
+                             "bf16 stream", "autotuned reductions", *launches]
     # several processes: master weights would be refused at run time, so they are not tried
     ddp = FastSearch(load_workload("vit", "tiny"), Recipe(), processes=2)
     assert "bf16 master weights" not in [label for label, _, _ in ddp.axes]
@@ -183,7 +183,12 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                                     "on one process, this ladder on 2")]
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
     assert big == ["graphs", "one-launch optimizer", "bf16 master weights", "fp8 large", "fp8",
-                   "kernels rope", "kernels loss", "autotuned reductions", *launches]
+                   "kernels rmsnorm", "kernels rope", "kernels loss", "bf16 stream",
+                   "autotuned reductions", *launches]
+    # an odd vocabulary (off a multiple of 8): the padded GEMM widths are tried
+    odd = [label for label, _, _ in FastSearch(load_workload("llama", "tiny", vocab=509),
+                                               Recipe()).axes]
+    assert odd == axes["llama"][:7] + ["GEMM widths padded"] + axes["llama"][7:]
     search = FastSearch(load_workload("sd", "tiny"), Recipe())
     search.axes.insert(1, ("fp8", "fp8", "linear"))
     search.axes.insert(2, ("fp8 large", "fp8", "large"))
@@ -278,16 +283,17 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     assert (rec.master_weights, rec.optimizer_impl, rec.cuda_graphs) == (True, "triton", True)
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 111.0}, rec)  # slower
     assert (rung.name, rec.master_weights) == (
-        "fast: compile + graphs + one-launch optimizer + kernels rope", False)
+        "fast: compile + graphs + one-launch optimizer + kernels rmsnorm", False)
     llama = FastSearch(load_workload("llama", "tiny"), Recipe())
     rung, rec = llama.first()
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 100.0}, rec)  # compile
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 110.0}, rec)  # graphs: kept
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 109.0}, rec)  # slower
-    assert (rung.name, rec.optimizer_impl) == ("fast: compile + graphs + kernels rope", "fused")
+    assert (rung.name, rec.optimizer_impl) == ("fast: compile + graphs + kernels rmsnorm",
+                                               "fused")
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 110.3}, rec)  # a tie
     assert (rung.name, rec.kernels, rec.cuda_graphs) == (
-        "fast: compile + graphs + kernels loss", "loss", True)
+        "fast: compile + graphs + kernels rope", "rope", True)
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""stream_dtype=bf16: the residual stream of ViT and Swin in bf16 under bf16-mixed (CPU)."""
+"""stream_dtype=bf16: the residual stream of ViT, Swin and Llama in bf16 under bf16-mixed (CPU)."""
 import pytest
 import torch
 
@@ -33,11 +33,12 @@ def _stream_dtypes(workload: str, recipe: Recipe) -> tuple[set[torch.dtype], set
     return fwd, bwd
 
 
-@pytest.mark.parametrize("kernels", ["none", "layernorm"])
-def test_vit_carries_its_stream_in_bf16_both_ways_only_when_asked(kernels):
+@pytest.mark.parametrize("workload, kernels", [("vit", "none"), ("vit", "layernorm"),
+                                              ("llama", "none"), ("llama", "rmsnorm")])
+def test_the_stream_is_bf16_both_ways_only_when_asked(workload, kernels):
     base = Recipe(precision="bf16-mixed", batch=2, kernels=kernels)
-    assert _stream_dtypes("vit", base) == ({torch.float32}, {torch.float32})
-    assert _stream_dtypes("vit", base.replace(stream_dtype="bf16")) == (
+    assert _stream_dtypes(workload, base) == ({torch.float32}, {torch.float32})
+    assert _stream_dtypes(workload, base.replace(stream_dtype="bf16")) == (
         {torch.bfloat16}, {torch.bfloat16})
 
 
@@ -47,23 +48,25 @@ def test_swin_starts_its_stream_in_bf16():
     assert fwd == {torch.bfloat16} and bwd == {torch.bfloat16}
 
 
-@pytest.mark.parametrize("workload", ["vit", "swin"])
+@pytest.mark.parametrize("workload", ["vit", "swin", "llama"])
 def test_a_bf16_stream_keeps_the_loss_within_bf16_rounding_and_says_so(workload):
     wl = load_workload(workload, "tiny")
-    base = Recipe(precision="bf16-mixed", batch=2, kernels="layernorm")
+    base = Recipe(precision="bf16-mixed", batch=2,
+                  kernels="rmsnorm" if workload == "llama" else "layernorm")
     plain = train(wl, base, steps=3, warmup=0, device="cpu")
     ours = train(wl, base.replace(stream_dtype="bf16"), steps=3, warmup=0, device="cpu")
     assert ours.losses == pytest.approx(plain.losses, rel=2e-2)
-    model = {"vit": "ViT", "swin": "Swin"}[workload]
+    model = {"vit": "ViT", "swin": "Swin", "llama": "Llama"}[workload]
     assert ours.applied["stream_dtype"].startswith(f"the residual stream of {model} in bf16")
     assert not ours.warnings
 
 
 def test_a_model_without_a_stream_switch_says_nothing_changed():
-    res = train(load_workload("llama", "tiny"), Recipe(precision="bf16-mixed",
-                                                       stream_dtype="bf16"), steps=1, warmup=0)
+    res = train(load_workload("sd", "tiny"), Recipe(precision="bf16-mixed", stream_dtype="bf16"),
+                steps=1, warmup=0)
     assert "stream_dtype" not in res.applied
-    assert any(w.startswith("stream_dtype: Llama has no residual stream") for w in res.warnings)
+    assert any(w.startswith("stream_dtype: SDTrainStep has no residual stream")
+               for w in res.warnings)
 
 
 def test_bf16_true_is_bf16_already_and_other_precisions_are_refused():

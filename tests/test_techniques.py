@@ -199,6 +199,7 @@ SMOKE = {
     "master-weights-mixed": Recipe(precision="bf16-mixed", optimizer_impl="triton",
                                    master_weights=True),  # the optimizer interpreted on CPU
     "padding": Recipe(pad_multiple=8),
+    "gemm-pad": Recipe(gemm_pad=8),
     "kernels": Recipe(kernels="fused", batch=2),  # small: Triton kernels run interpreted
 }
 
@@ -294,7 +295,8 @@ def test_fused_kernels_keep_the_llama_losses_and_say_what_they_fused():
     plain = train(wl, Recipe(), steps=3, warmup=0, device="cpu")
     fused = train(wl, Recipe(kernels="fused"), steps=3, warmup=0, device="cpu")
     assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
-    for what in ("linear + cross-entropy in chunks", "SiLU(gate) · up", "RoPE of q and k"):
+    for what in ("linear + cross-entropy in chunks", "SiLU(gate) · up", "RoPE of q and k",
+                 "RMSNorm (with the residual add before it) in Triton ×5"):  # 2 a block + final
         assert what in fused.applied["kernels"]
     only = train(wl, Recipe(kernels="rope,patch"), steps=1, warmup=0, device="cpu")
     assert only.applied["kernels"] == "RoPE of q and k in one Triton kernel ×2"

@@ -76,7 +76,9 @@ def test_persistent_forward_walks_several_windows_each(monkeypatch, heads, stage
 def test_the_reference_is_plain_attention_with_an_additive_bias():
     qkv, bias, mask, _ = _inputs(4, 9, 2, 8, 2, torch.float64)
     q, k, v = qkv.view(4, 9, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
-    full = bias + mask.repeat(2, 1, 1).unsqueeze(1)
+    # the mask in q's dtype: torch 2.13's CPU SDPA on an AVX2 machine misreads an fp32 mask
+    # next to fp64 q/k/v (off by up to 1.8 from the same attention with the mask in fp64)
+    full = (bias + mask.repeat(2, 1, 1).unsqueeze(1)).to(q.dtype)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full)
     got = window_attention_reference(qkv, bias, mask, 2)
     torch.testing.assert_close(got, want.transpose(1, 2).reshape(4, 9, 16))

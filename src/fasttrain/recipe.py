@@ -25,8 +25,8 @@ INIT = ("device", "host")
 ALLOCATOR = ("default", "expandable")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused", "triton")
 KERNELS = ("none", "fused")
-KERNEL_FAMILIES = ("patch", "loss", "window", "layernorm", "gelu", "swiglu", "rope", "groupnorm",
-                   "attention", "conv")
+KERNEL_FAMILIES = ("patch", "loss", "window", "layernorm", "rmsnorm", "gelu", "swiglu", "rope",
+                   "groupnorm", "attention", "conv")
 """What ``kernels`` may name besides none | fused (all of them): see techniques/kernels.py."""
 FP8 = ("none", "large", "linear")
 STREAM_DTYPES = ("auto", "bf16")
@@ -78,6 +78,12 @@ class Recipe:
     pad_multiple: int = 0
     """Variable-length batches: pad the sequence length up to a multiple of N (0: to the batch's
     longest item), so lengths take at most max/N shapes: fewer recompiles, less allocator churn."""
+    gemm_pad: int = 0
+    """GEMM-friendly widths: the output width of plain linear layers and of an LM head's
+    vocabulary, where it is not a multiple of N, padded up to one for the GEMMs (zero rows of
+    the weight added in the forward, the extra outputs sliced off or masked out of the loss):
+    0 (off) or a multiple of 8. An odd width (a 50,257-token vocabulary) gives cuBLAS unaligned
+    leading dimensions. Numerics: none."""
     compile: str = "none"
     """torch.compile: none | model (whole model) | regional (each repeated block; faster warm-up)."""
     compile_mode: str = "default"
@@ -112,7 +118,7 @@ class Recipe:
     channels_last: bool = False
     """NHWC memory format for convolution workloads."""
     stream_dtype: str = "auto"
-    """The residual stream of transformer blocks (ViT, Swin): auto (as precision leaves
+    """The residual stream of transformer blocks (ViT, Swin, Llama): auto (as precision leaves
     it: fp32 under bf16-mixed) | bf16 (cast once after the embeddings, as Megatron-LM does by
     default: the residual adds and the fused add + norm kernels move half the bytes; the norms'
     statistics stay fp32). Needs bf16-mixed. Numerics: the stream is rounded to bf16 after
@@ -146,7 +152,8 @@ class Recipe:
     a comma-separated list of families: patch (patch embedding as one GEMM), loss (linear +
     cross-entropy in chunks), window (Swin window attention in Triton, on the unpartitioned
     map), layernorm (the blocks' LayerNorms with the residual add before them: Swin, ViT, SD's
-    UNet transformers), gelu (bias + GELU), swiglu (SiLU·up), rope (rotary embedding of q and
+    UNet transformers), rmsnorm (the same for Llama's RMSNorms, the final norm adding the last
+    block's MLP branch), gelu (bias + GELU), swiglu (SiLU·up), rope (rotary embedding of q and
     k in one kernel), groupnorm (GroupNorm + SiLU reading channels-last activations in place: SD's UNet and
     VAE), attention (ViT's self-attention in Triton straight from the qkv projection's layout,
     odd lengths padded to 16 not 64), conv (a frozen convolution over few input channels, SD's
@@ -302,9 +309,16 @@ def validate(r: Recipe) -> None:
         raise FasttrainError("recipe: lr must be >= 0, grad_clip >= 0 and 0 <= ema_decay < 1")
     if r.prefetch_factor < 1:
         raise FasttrainError("recipe: prefetch_factor must be >= 1")
+    _validate_padding(r)
+    _validate_graphs(r)
+
+
+def _validate_padding(r: Recipe) -> None:
     if r.pad_multiple < 0:
         raise FasttrainError("recipe: pad_multiple must be >= 0 (0 pads to the longest item)")
-    _validate_graphs(r)
+    if r.gemm_pad < 0 or r.gemm_pad % 8:
+        raise FasttrainError(f"recipe: gemm_pad must be 0 (off) or a multiple of 8, "
+                             f"not {r.gemm_pad}")
 
 
 def _coerce(name: str, raw: Any, kind: type) -> Any:

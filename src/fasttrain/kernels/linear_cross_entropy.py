@@ -29,7 +29,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, chunk: int, dtype: torch.dtype,
-                want_h: bool, want_w: bool):
+                want_h: bool, want_w: bool, vocab: int):
         needs_grad = want_h or want_w
         acc = torch.promote_types(dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
         with torch.autocast(hidden.device.type, enabled=False):
@@ -41,6 +41,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             for s in range(0, h.shape[0], chunk):
                 hc, yc = h[s:s + chunk], labels[s:s + chunk]
                 logits = (hc @ w.t()).to(acc)  # (c, V) — the only logits alive at a time
+                if vocab < logits.shape[1]:  # padded rows of the weight: no class, no gradient
+                    logits[:, vocab:] = float("-inf")
                 valid = yc != IGNORE
                 target = yc.masked_fill(~valid, 0).unsqueeze(1)
                 lse = torch.logsumexp(logits, dim=-1)
@@ -67,28 +69,35 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             grad_h.to(torch.promote_types(grad_h.dtype, torch.float32)) * grad_loss
         ).to(grad_h.dtype)
         dw = None if grad_w is None else (grad_w * grad_loss).to(ctx.weight_dtype)
-        return dh, dw, None, None, None, None, None
+        return dh, dw, None, None, None, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                         chunk: int = 2048) -> torch.Tensor:
+                         chunk: int = 2048, vocab: int | None = None) -> torch.Tensor:
     """Summed cross-entropy of ``hidden @ weight.T`` against ``labels`` (``-100`` ignored).
 
-    ``hidden`` (..., C), ``weight`` (V, C), ``labels`` (...); ``chunk`` tokens at a time."""
+    ``hidden`` (..., C), ``weight`` (V, C), ``labels`` (...); ``chunk`` tokens at a time.
+    ``vocab``: the classes are the first ``vocab`` rows of the weight, the rest padding."""
     if hidden.shape[-1] != weight.shape[-1] or hidden.shape[:-1] != labels.shape:
         raise ValueError(f"linear_cross_entropy: hidden {tuple(hidden.shape)}, weight "
                          f"{tuple(weight.shape)} and labels {tuple(labels.shape)} do not match")
     if chunk < 1:
         raise ValueError(f"linear_cross_entropy: chunk must be >= 1, not {chunk}")
+    vocab = weight.shape[0] if vocab is None else vocab
+    if not 0 < vocab <= weight.shape[0]:
+        raise ValueError(f"linear_cross_entropy: vocab {vocab} is not in 1..{weight.shape[0]}")
     grad = torch.is_grad_enabled()  # inside Function.forward grad mode is always off
     return _ChunkedLinearCrossEntropy.apply(
         hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), chunk,
-        _compute_dtype(hidden), grad and hidden.requires_grad, grad and weight.requires_grad)
+        _compute_dtype(hidden), grad and hidden.requires_grad, grad and weight.requires_grad,
+        vocab)
 
 
 def linear_cross_entropy_reference(hidden: torch.Tensor, weight: torch.Tensor,
-                                   labels: torch.Tensor) -> torch.Tensor:
-    """The plain path: full logits, then fp32 cross-entropy (summed, ``-100`` ignored)."""
-    logits = F.linear(hidden, weight)
+                                   labels: torch.Tensor, vocab: int | None = None
+                                   ) -> torch.Tensor:
+    """The plain path: full logits, then fp32 cross-entropy (summed, ``-100`` ignored); with
+    ``vocab``, the logits of the weight's rows past it (padding) are left out."""
+    logits = F.linear(hidden, weight)[..., :vocab]
     return F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), reduction="sum",
                            ignore_index=IGNORE)

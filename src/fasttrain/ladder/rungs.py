@@ -70,8 +70,8 @@ def memory_rungs(workload: Workload) -> list[Rung]:
     ]
 
 
-SEARCHED_KERNELS = ("window", "attention", "patch", "gelu", "layernorm", "rope", "loss",
-                    "groupnorm", "conv")
+SEARCHED_KERNELS = ("window", "attention", "patch", "gelu", "layernorm", "rmsnorm", "rope",
+                    "loss", "groupnorm", "conv")
 """Kernel families the fast search tries, one rung each, in this order: those whose kernels
 beat Inductor's fusion of the plain code in the microbenchmark's CUDA-graph replay
 (kernels-micro-activations-rope-norms-20261121-0833: bias + GELU 0.31 vs 0.47 ms on ViT-B,
@@ -86,7 +86,9 @@ against 2,843 and 2,847 img/s, train-launch-20261121-1643). ViT's self-attention
 its layer 18% faster than compiled SDPA (kernels-micro-attention-20261122-0300) and a ViT-B step
 2.6% faster (train-attention-vit-20261122-0212). The frozen narrow convolution (SD's VAE input)
 runs in 0.209 ms against the compiled gather + GEMM's 0.497 (kernels-micro-conv-20261122-1321)
-and took an SD step 0.5% faster (train-conv-sd-20261122-1332)."""
+and took an SD step 0.5% faster (train-conv-sd-20261122-1332). Llama's add + RMSNorm runs the
+LayerNorm's kernels without the mean; before their pipelined loads it measured 0.155-0.163 ms
+against compiled 0.142 (kernels-micro-norms-20261121-1352): the rung says whether it pays now."""
 
 
 def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
@@ -97,6 +99,7 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
 
     from ..layers.conv import frozen_narrow
     from ..techniques.fp8 import fp8_targets
+    from ..techniques.gemm_pad import odd_widths
     from ..techniques.kernels import fused_layers
 
     with torch.device("meta"):
@@ -121,11 +124,13 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     if any(frozen_narrow(m) for m in model.modules()):
         present.add("conv")  # a frozen narrow convolution: kernels=conv makes it a GemmConv2d
     axes += [(f"kernels {kind}", "kernels", kind) for kind in SEARCHED_KERNELS if kind in present]
-    # the residual stream in bf16 (models that carry one: ViT, Swin), after the LayerNorm kernels
+    # the residual stream in bf16 (models that carry one: ViT, Swin, Llama), after the norm kernels
     # that have launch settings of their own for a 16-bit stream: ViT-B +3.3% on an H200
     # (train-stream-vit-20261125-0714), Swin-B +2.3% on an H100 (train-stream-swin-20261125-2133)
     if any(hasattr(m, "stream_dtype") for m in model.modules()):
         axes.append(("bf16 stream", "stream_dtype", "bf16"))
+    if odd_widths(model, 8):  # a linear width (a vocabulary) off the multiple of 8 tensor
+        axes.append(("GEMM widths padded", "gemm_pad", 64))  # cores want: 64, as nanoGPT's
     if getattr(workload, "prefers_channels_last", False):
         axes.append(("no NHWC", "channels_last", False))
     elif any(isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm)) for m in model.modules()):

@@ -1,6 +1,7 @@
 """A linear layer's matmul with or without its bias, for fused paths that add the bias
-themselves (bias + GELU, the blocks' fused LayerNorms), and the outputs of several linear
-layers of one input from one GEMM (``stacked``)."""
+themselves (bias + GELU, the blocks' fused LayerNorms), the outputs of several linear
+layers of one input from one GEMM (``stacked``), and a linear layer whose GEMM runs on an
+output width padded to a multiple of N (``PaddedLinear``, the ``gemm_pad`` switch)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -12,11 +13,37 @@ from torch import nn
 from ..kernels import fp8_linear as fp8
 
 
+class PaddedLinear(nn.Linear):
+    """``nn.Linear`` whose GEMM runs on ``padded`` outputs (out_features rounded up to a multiple
+    of N): the weight (and bias) padded with zero rows inside the forward, where compile fuses
+    the padding into autocast's cast of the weight, and the extra outputs sliced off. The
+    parameters, their shapes and names stay those of the ``nn.Linear`` (checkpoints, optimizer
+    state); their gradients come back unpadded. Numerics: none — the padded rows are zeros and
+    are never read. Set by ``techniques/gemm_pad.py`` (class swap, as fp8's)."""
+
+    padded: int
+
+    def matmul(self, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
+        extra = self.padded - self.out_features
+        w = F.pad(self.weight, (0, 0, 0, extra))  # (padded, in)
+        b = None if not bias or self.bias is None else F.pad(self.bias, (0, extra))
+        return F.linear(x, w, b)[..., :self.out_features]  # (..., out), a view
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", padded={self.padded}"
+
+
 def linear(layer: nn.Linear, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
     """``layer(x)``; with ``bias=False`` without the bias, which a fused kernel adds instead: the
-    layer's own matmul, in float8 where the fp8 technique made it a ``Float8Linear``."""
+    layer's own matmul, in float8 where the fp8 technique made it a ``Float8Linear``, on padded
+    outputs where ``gemm_pad`` made it a ``PaddedLinear``."""
     if bias:
         return layer(x)
+    if isinstance(layer, PaddedLinear):
+        return layer.matmul(x, bias=False)
     if isinstance(layer, fp8.Float8Linear):
         return fp8.fp8_linear(x, layer.weight, None)
     return F.linear(x, layer.weight)

@@ -11,6 +11,10 @@ gradients, and, when the block leaves the bias of the branch's last linear layer
 bias's gradient too. ``layers/blocks.py`` chains blocks so the MLP branch of one is added by
 the next block's first norm (ViT, Swin).
 
+``RMSNorm``: the same for RMSNorm (``kernels=rmsnorm``, the same kernels without the mean):
+Llama's blocks hand their MLP branch to the next block's first norm, the last one's to the
+final norm.
+
 Parameters and their names are those of the ``nn`` module each subclasses.
 """
 from __future__ import annotations
@@ -60,26 +64,34 @@ class GroupNorm(nn.GroupNorm):
         return super().extra_repr() + (", silu" if self.silu else "")
 
 
-class LayerNorm(nn.LayerNorm):
-    """``nn.LayerNorm`` over the last dim; ``add(x, residual)`` normalizes ``x + residual`` and
-    returns ``(norm, sum)``. ``feeds_matmul``: the output goes into a linear layer, so under
-    autocast the fused kernel writes it in the autocast dtype the matmul takes (the plain path
-    writes fp32 and the matmul casts it); otherwise it comes out as the plain path's would."""
+class _FusedNorm:
+    """What LayerNorm and RMSNorm share: the switch, and the dtype their fused kernels write."""
 
-    fused_kind, fused_triton = "layernorm", True
-
-    def __init__(self, dim: int, eps: float = 1e-5, feeds_matmul: bool = False):
-        super().__init__(dim, eps=eps)
-        self.feeds_matmul, self.fused = feeds_matmul, False
+    feeds_matmul: bool
+    fused: bool
+    norm_name: str
 
     def use_fused(self, on: bool) -> list[str]:
         self.fused = on
-        return ["LayerNorm (with the residual add before it) in Triton"]
+        return [f"{self.norm_name} (with the residual add before it) in Triton"]
 
     def _out_dtype(self, x: torch.Tensor) -> torch.dtype | None:
         if not torch.is_autocast_enabled(x.device.type):
             return None
         return torch.get_autocast_dtype(x.device.type) if self.feeds_matmul else torch.float32
+
+
+class LayerNorm(_FusedNorm, nn.LayerNorm):
+    """``nn.LayerNorm`` over the last dim; ``add(x, residual)`` normalizes ``x + residual`` and
+    returns ``(norm, sum)``. ``feeds_matmul``: the output goes into a linear layer, so under
+    autocast the fused kernel writes it in the autocast dtype the matmul takes (the plain path
+    writes fp32 and the matmul casts it); otherwise it comes out as the plain path's would."""
+
+    fused_kind, fused_triton, norm_name = "layernorm", True, "LayerNorm"
+
+    def __init__(self, dim: int, eps: float = 1e-5, feeds_matmul: bool = False):
+        super().__init__(dim, eps=eps)
+        self.feeds_matmul, self.fused = feeds_matmul, False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
@@ -106,3 +118,30 @@ class LayerNorm(nn.LayerNorm):
         path, where it saves the bias gradient's own reduction over the activations."""
         return self.fused
 
+
+class RMSNorm(_FusedNorm, nn.RMSNorm):
+    """``nn.RMSNorm`` over the last dim with a float ``eps``; ``add(x, residual)`` normalizes
+    ``x + residual`` and returns ``(norm, sum)``; ``feeds_matmul`` as for ``LayerNorm``."""
+
+    fused_kind, fused_triton, norm_name = "rmsnorm", True, "RMSNorm"
+
+    def __init__(self, dim: int, eps: float = 1e-6, feeds_matmul: bool = False):
+        super().__init__(dim, eps=eps)
+        self.feeds_matmul, self.fused = feeds_matmul, False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            from ..kernels.norms import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, out_dtype=self._out_dtype(x))
+        return super().forward(x)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(h), h)`` for ``h = x + residual``, in one pass on the fused path."""
+        if self.fused:
+            from ..kernels.norms import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual=residual,
+                            out_dtype=self._out_dtype(x))
+        h = x + residual
+        return super().forward(h), h

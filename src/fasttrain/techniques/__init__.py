@@ -9,6 +9,8 @@ Order and why:
   attention      a per-step context; before compile so the traced graph sees the backend.
   kernels        fused layer paths: after the FLOP probe, before compile (which traces them).
   fp8            float8 linear layers: after the FLOP probe, before checkpointing and compile.
+  gemm_pad       odd output widths padded (class swap, as fp8's): after the FLOP probe (model
+                 FLOPs are the unpadded model's) and fp8, before checkpointing and compile.
   checkpointing  wraps block forwards after the FLOP probe (recompute is not model FLOPs) and
                  before compile, which must trace the checkpointed forward.
   compile        after all module surgery, before the optimizer: the optimizer must hold the
@@ -31,7 +33,7 @@ from ..recipe import Recipe
 from .base import Technique, TrainState
 
 _MODULES = ("init", "allocator", "channels_last", "precision", "stream",
-            "attention", "kernels", "fp8",
+            "attention", "kernels", "fp8", "gemm_pad",
             "checkpointing", "compile", "sharding", "optimizer", "ema", "dataloader", "padding",
             "cuda_graphs", "graph_memsets", "accumulation")
 

@@ -14,7 +14,7 @@ on an H200: the fused add + LayerNorm forward and backward move a third fewer by
 Numerics: the stream is rounded to bf16 (8 mantissa bits) after every add, so the loss curve
 moves within bf16's rounding; the parity gate checks it. Needs precision=bf16-mixed; with
 bf16-true the stream is bf16 already. Models say whether they carry a stream
-(``stream_dtype`` attribute: ViT, Swin); others are left as they are, with a warning.
+(``stream_dtype`` attribute: ViT, Swin, Llama); others are left as they are, with a warning.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def apply(state: TrainState) -> str | None:
     carriers = [m for m in state.model.modules() if hasattr(m, "stream_dtype")]
     if not carriers:
         state.warn("stream_dtype", f"{type(state.model).__name__} has no residual stream that "
-                   "fasttrain carries (ViT and Swin do); nothing changed")
+                   "fasttrain carries (ViT, Swin and Llama do); nothing changed")
         return None
     for m in carriers:
         m.stream_dtype = torch.bfloat16

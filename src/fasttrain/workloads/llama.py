@@ -3,8 +3,9 @@
 ``base`` is Llama-3.2-1B and ``large`` Llama-3.2-3B: GQA attention, SwiGLU, RMSNorm, RoPE with
 Llama 3's long-context frequency adjustment, input and output embeddings tied. Parameter names
 follow transformers. Items are tokens: the loss is summed over labels that are not -100.
-Options: ``seq_len`` overrides the sequence length; ``token_dtype`` is the element type of a
-user's flat token file given as ``data``.
+Options: ``seq_len`` overrides the sequence length; ``vocab`` the vocabulary (50,257 for
+GPT-2's, say: an odd width for the head's GEMMs, see ``gemm_pad``); ``token_dtype`` is the
+element type of a user's flat token file given as ``data``.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from torch import nn
 from ..layers.attention import attention
 from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
+from ..layers.norm import RMSNorm
 from .base import Batch, Workload
 from .data import TokenWindows, VariableWindows, cache_root, write_token_file
 
@@ -131,14 +133,24 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.input_layernorm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.input_layernorm = RMSNorm(cfg.dim, eps=cfg.norm_eps, feeds_matmul=True)
         self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, eps=cfg.norm_eps, feeds_matmul=True)
         self.mlp = SwiGLU(cfg.dim, cfg.hidden)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                branch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(stream, mlp_branch)``: with fused norms (``kernels=rmsnorm``) the MLP's output is
+        handed on unadded, for the next norm to add in its kernel (``branch``); on the plain
+        path it is added here and None handed on."""
+        if branch is None:
+            y = self.input_layernorm(x)
+        else:
+            y, x = self.input_layernorm.add(branch, x)
+        y, x = self.post_attention_layernorm.add(self.self_attn(y, cos, sin), x)
+        if self.post_attention_layernorm.fused:
+            return x, self.mlp(y)
+        return x + self.mlp(y), None
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -152,10 +164,11 @@ class Llama(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.norm = RMSNorm(cfg.dim, eps=cfg.norm_eps, feeds_matmul=True)
+        self.stream_dtype: torch.dtype | None = None  # set by the stream_dtype technique
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False, device="meta")
         self.lm_head.weight = self.embed_tokens.weight  # tied, as Llama 3.2
-        self.head_loss = LMHeadLoss()  # the kernels switch fuses it
+        self.head_loss = LMHeadLoss(vocab=cfg.vocab)  # the kernels switch fuses it
         cos, sin = rope_tables(cfg)  # on the build device
         self.register_buffer("rope_cos", cos, persistent=False)  # (T, D) float32
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -168,9 +181,12 @@ class Llama(nn.Module):
             raise ValueError(f"sequence of {T} tokens is longer than the model's {self.cfg.seq}")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         x = self.embed_tokens(input_ids)  # (B, T, C)
+        if self.stream_dtype is not None:
+            x = x.to(self.stream_dtype)
+        branch = None  # the last block's MLP output, where the norms add it (kernels=rmsnorm)
         for layer in self.layers:
-            x = layer(x, cos, sin)
-        return self.norm(x)
+            x, branch = layer(x, cos, sin, branch)
+        return self.norm(x) if branch is None else self.norm.add(branch, x)[0]
 
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids → (B, T, vocab) next-token logits in the compute dtype."""
@@ -196,7 +212,7 @@ class LlamaWorkload(Workload):
     name, unit = "llama", "tok"
 
     def __init__(self, size: str, seed: int, data: str | None, seq_len: int | None,
-                 token_dtype: str, varlen: bool = False):
+                 token_dtype: str, varlen: bool = False, vocab: int | None = None):
         if token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"token_dtype must be 'uint32' or 'uint16', not {token_dtype!r}")
         cfg = CONFIGS[size]
@@ -204,6 +220,10 @@ class LlamaWorkload(Workload):
             if int(seq_len) < 1:
                 raise ValueError(f"seq_len must be positive, not {seq_len!r}")
             cfg = replace(cfg, seq=int(seq_len))
+        if vocab is not None:
+            if int(vocab) < 2:
+                raise ValueError(f"vocab must be at least 2, not {vocab!r}")
+            cfg = replace(cfg, vocab=int(vocab))
         self.size, self.seed, self.data_path, self.cfg = size, seed, data, cfg
         self.token_dtype = TOKEN_DTYPES[token_dtype]
         self.default_batch = {"tiny": 4, "base": 4, "large": 2}[size]
@@ -232,5 +252,6 @@ class LlamaWorkload(Workload):
 
 
 def make(size: str = "tiny", seed: int = 0, data: str | None = None, seq_len: int | None = None,
-         token_dtype: str = "uint32", varlen: bool = False) -> LlamaWorkload:
-    return LlamaWorkload(size, seed, data, seq_len, token_dtype, varlen)
+         token_dtype: str = "uint32", varlen: bool = False, vocab: int | None = None
+         ) -> LlamaWorkload:
+    return LlamaWorkload(size, seed, data, seq_len, token_dtype, varlen, vocab)
