@@ -20,7 +20,8 @@ with kernels_interpreted():
     from fasttrain.kernels.geglu import geglu, geglu_reference
 
 
-TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+       torch.float16: dict(rtol=4e-3, atol=4e-3)}
 SHAPES = [(3, 5, 49), (2, 1000), (7, 2500)]
 
 
@@ -69,6 +70,14 @@ def test_bias_gelu_matches_reference_outputs_and_all_gradients(approximate, dtyp
     # bf16 x with an fp32 bias: the autocast case, the bias grad in the bias's dtype
     _compare(bias_gelu, bias_gelu_reference, *_gelu_inputs(shape, dtype),
              approximate=approximate)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_fp16_bias_gelu_and_swiglu_match_the_reference(approximate):
+    # fp16 activations (fp16-mixed's autocast dtype) at an odd width
+    _compare(bias_gelu, bias_gelu_reference, *_gelu_inputs((3, 5, 49), torch.float16),
+             approximate=approximate)
+    _compare(swiglu, swiglu_reference, *_swiglu_inputs((3, 5, 49), torch.float16))
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
@@ -145,8 +154,10 @@ def test_swiglu_non_contiguous_inputs_and_expanded_gradient():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("shape", [(3, 5, 2 * 49), (7, 2 * 1000), (3, 2 * 1280)], ids=str)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape, dtype", [
+    *((s, d) for s in [(3, 5, 2 * 49), (7, 2 * 1000), (3, 2 * 1280)]
+      for d in (torch.float32, torch.bfloat16)),
+    ((3, 5, 2 * 49), torch.float16)], ids=str)  # fp16 at the odd width
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 def test_geglu_matches_reference_output_and_gradient(approximate, dtype, shape, bias,

@@ -570,12 +570,32 @@ def test_vit_attention_kernel_in_the_graphed_training_loop_keeps_the_losses():
                              "self-attention from the qkv projection's layout")
 
 
-@pytest.mark.parametrize("workload", ["vit", "swin"])
+def test_llama_rms_norm_kernels_in_the_graphed_training_loop_keep_the_losses():
+    _kernels_keep_the_losses("llama", Recipe(precision="bf16-mixed", optimizer_impl="fused",
+                                             compile="model", cuda_graphs=True),
+                             ("rmsnorm", "rmsnorm,rope"),
+                             "RMSNorm (with the residual add before it) in Triton")
+
+
+@pytest.mark.parametrize("fused_loss", [False, True], ids=["plain-loss", "chunked-loss"])
+def test_padded_gemm_widths_in_the_compiled_training_loop_keep_the_losses(fused_loss):
+    wl = load_workload("llama", "tiny", vocab=509)
+    base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="model",
+                  kernels="loss" if fused_loss else "none")
+    plain = train(wl, base, steps=4, warmup=0, device="cuda")
+    padded = train(wl, base.replace(gemm_pad=64), steps=4, warmup=0, device="cuda")
+    assert "head_loss vocabulary 509 → 512" in padded.applied["gemm_pad"]
+    torch.testing.assert_close(torch.tensor(padded.losses), torch.tensor(plain.losses),
+                               rtol=1e-2, atol=0)
+
+
+@pytest.mark.parametrize("workload", ["vit", "swin", "llama"])
 def test_a_bf16_stream_in_the_graphed_training_loop_keeps_the_losses(workload):
     wl = load_workload(workload, "tiny")
     base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="model",
                   cuda_graphs=True,
-                  kernels="layernorm,gelu," + ("attention" if workload == "vit" else "window"))
+                  kernels={"vit": "layernorm,gelu,attention", "swin": "layernorm,gelu,window",
+                           "llama": "rmsnorm,rope"}[workload])
     plain = train(wl, base, steps=4, warmup=4, device="cuda")
     ours = train(wl, base.replace(stream_dtype="bf16"), steps=4, warmup=4, device="cuda")
     assert "in bf16 from the embeddings on" in ours.applied["stream_dtype"]

@@ -91,7 +91,7 @@ def test_group_norm_reads_positions_by_the_view_strides_when_a_spatial_dim_is_on
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("per_sample", [False, True], ids=["per-channel", "per-sample"])
 def test_group_norm_of_x_plus_a_bias_matches_reference_output_and_all_gradients(per_sample,
                                                                                  dtype):

@@ -17,7 +17,8 @@ with kernels_interpreted():
                                          rms_norm_reference)
 
 
-TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+       torch.float16: dict(rtol=4e-3, atol=4e-3)}
 SHAPES = [(3, 5, 49), (4, 768), (2, 1000)]
 OPS = {"rms": (rms_norm, rms_norm_reference), "layer": (layer_norm, layer_norm_reference)}
 
@@ -68,6 +69,13 @@ def _compare(op: str, args, cotangents):
 def test_matches_reference_outputs_and_all_gradients(op, residual, dtype, shape):
     # bf16 activations with fp32 weight/bias: the autocast case, grads in the params' dtype
     _compare(op, *_inputs(op, shape, dtype, residual))
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_fp16_matches_reference_outputs_and_all_gradients(op, residual):
+    # fp16 activations (fp16-mixed's autocast dtype) at an odd width, fp32 weight/bias
+    _compare(op, *_inputs(op, (3, 5, 49), torch.float16, residual))
 
 
 @pytest.mark.parametrize("op", list(OPS))

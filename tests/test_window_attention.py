@@ -105,14 +105,15 @@ def test_bad_input_is_a_one_line_value_error(call, message):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("height, width, window, shift, masked, wide", [
-    (8, 12, 4, 2, True, False),  # shifted: 2 x 3 windows an image, a mask per window
-    (8, 12, 4, 0, False, False),  # unshifted
-    (6, 6, 3, 1, True, False),  # odd window (9 tokens), odd shift
-    (4, 4, 4, 0, False, False),  # one window covers the map
-    (6, 9, 3, 1, True, True),  # int64 offsets (WIDE), which maps of 2³¹ elements take
-], ids=["shifted", "unshifted", "odd", "one-window", "int64"])
+@pytest.mark.parametrize("dtype, height, width, window, shift, masked, wide", [
+    *((d, *case) for d in (torch.float32, torch.bfloat16) for case in [
+        (8, 12, 4, 2, True, False),  # shifted: 2 x 3 windows an image, a mask per window
+        (8, 12, 4, 0, False, False),  # unshifted
+        (6, 6, 3, 1, True, False),  # odd window (9 tokens), odd shift
+        (4, 4, 4, 0, False, False),  # one window covers the map
+        (6, 9, 3, 1, True, True)]),  # int64 offsets (WIDE), which maps of 2³¹ elements take
+    (torch.float16, 6, 6, 3, 1, True, False),  # fp16 (fp16-mixed's autocast dtype), odd window
+], ids=str)
 def test_map_mode_matches_roll_partition_attend_reverse(monkeypatch, dtype, height, width,
                                                         window, shift, masked, wide):
     # the kernel reads the windows of the rolled map by address and writes back in place:
