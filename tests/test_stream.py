@@ -27,9 +27,12 @@ def _stream_dtypes(workload: str, recipe: Recipe) -> tuple[set[torch.dtype], set
     for b in blocks:
         b.register_forward_pre_hook(pre)
     batch = wl.collate([ds[i] for i in range(2)])
-    with state.step_context():
-        loss = wl.loss(state.model, batch)
-    loss.backward()
+    try:
+        with state.step_context():
+            loss = wl.loss(state.model, batch)
+        loss.backward()
+    finally:
+        state.restore.close()  # the global flags the techniques set, as train() restores them
     return fwd, bwd
 
 
