@@ -257,12 +257,7 @@ def validate(r: Recipe) -> None:
     kernel_families(r.kernels)
     _choice("fp8", r.fp8, FP8)
     _choice("stream_dtype", r.stream_dtype, STREAM_DTYPES)
-    if r.stream_dtype == "bf16" and r.precision not in ("bf16-mixed", "bf16-true"):
-        raise FasttrainError(f"recipe: stream_dtype=bf16 needs precision=bf16-mixed, "
-                             f"not {r.precision}")
-    if r.fp8 != "none" and r.precision not in ("bf16-mixed", "bf16-true"):
-        raise FasttrainError(f"recipe: fp8={r.fp8} needs precision=bf16-mixed or bf16-true "
-                             f"(its matmuls return bf16), not {r.precision}")
+    _validate_bf16_switches(r)
     _validate_optimizer(r)
     _choice("schedule", r.schedule, SCHEDULES)
     _choice("checkpointing", r.checkpointing, CHECKPOINTING)
@@ -311,6 +306,18 @@ def validate(r: Recipe) -> None:
         raise FasttrainError("recipe: prefetch_factor must be >= 1")
     _validate_padding(r)
     _validate_graphs(r)
+
+
+def _validate_bf16_switches(r: Recipe) -> None:
+    """Switches that only exist under a bf16 precision."""
+    if r.precision in ("bf16-mixed", "bf16-true"):
+        return
+    if r.stream_dtype == "bf16":
+        raise FasttrainError(f"recipe: stream_dtype=bf16 needs precision=bf16-mixed, "
+                             f"not {r.precision}")
+    if r.fp8 != "none":
+        raise FasttrainError(f"recipe: fp8={r.fp8} needs precision=bf16-mixed or bf16-true "
+                             f"(its matmuls return bf16), not {r.precision}")
 
 
 def _validate_padding(r: Recipe) -> None:

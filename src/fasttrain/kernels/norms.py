@@ -2,12 +2,10 @@
 
 What is fused
     ``rms_norm(x, weight, eps, residual)`` and ``layer_norm(x, weight, bias, eps, residual)``
-    compute ``h = x + residual`` and ``y = norm(h) * weight (+ bias)`` in one pass:
-    x and residual are read once, h and y written once, and one fp32 statistic per row
-    (rstd, plus the mean for LayerNorm) is kept for backward. The backward is one kernel as
-    well: it reads dy, the gradient arriving at h (the residual stream), h and the
-    statistics, and writes dx (which is also the residual's gradient) plus per-program
-    partial sums of dweight/dbias that one final ``torch.sum`` reduces (no atomics).
+    compute ``h = x + residual`` and ``y = norm(h) * weight (+ bias)`` in one pass, keeping
+    fp32 rstd (and mean) per row. The backward is one kernel: it reads dy, the gradient at h
+    (the residual stream), h and the statistics, and writes dx (also the residual's gradient)
+    and per-program partials of dweight/dbias that one ``torch.sum`` reduces (no atomics).
     x's gradient in x's dtype, where that is not the stream's, is a second store of that pass.
     Without ``residual`` they are plain RMSNorm / LayerNorm and return only ``y``.
     ``layer_norm(..., residual, x_bias=b)`` also takes the bias of the linear layer that made
@@ -16,24 +14,20 @@ What is fused
     no separate bias-gradient reduction over the activations).
 
 When they help
-    In eager mode 3-3.5× faster than PyTorch's separate add, norm and backward kernels (H200,
-    kernels-micro-norms-20261121-1352); under ``torch.compile`` see the README for where they
-    beat Inductor's fused norms. Mixed dtypes as autocast runs pre-norm blocks: a bf16 branch
-    added to the fp32 residual stream, the norm written in bf16 for the next matmul.
+    Eager: 3-3.5× PyTorch's separate kernels (kernels-micro-norms-20261121-1352); compiled: see
+    the README. Mixed dtypes as autocast runs pre-norm blocks (bf16 branch, fp32 stream).
 
 Numerics
-    Statistics (mean, variance, rstd) and every reduction are computed in fp32 whatever the
-    input dtype (fp32, bf16, fp16). ``h`` comes out in the wider of x's and residual's dtypes
-    and is rounded to it before it is normalized, exactly like ``x + residual`` in PyTorch;
-    ``y`` in ``out_dtype`` (default x's). weight and bias may be fp32 while x is bf16/fp16
-    (autocast style). Every gradient comes back in its input's dtype.
+    Statistics and reductions in fp32 whatever the input dtype (fp32, bf16, fp16). ``h`` comes
+    out in the wider of x's and residual's dtypes, rounded before it is normalized, exactly like
+    ``x + residual``; ``y`` in ``out_dtype`` (default x's); weight and bias may be fp32 with a
+    bf16/fp16 x. Every gradient comes back in its input's dtype.
 
 torch.compile: custom ops with ``register_autograd`` backwards, through ``._triton``.
 
-Inputs may have any leading shape and any last dim D. Both kernels work on tiles of whole rows
-(``BLOCK_D = next_power_of_2(D)`` masked lanes, as many rows as make a few thousand elements):
-one tile per program forward; backward a few persistent programs per SM, each walking a strided
-set of tiles and keeping its weight-gradient partials in registers until its last tile.
+Any leading shape and last dim D. Tiles of whole rows (``BLOCK_D = next_power_of_2(D)`` masked
+lanes): one tile a program forward; backward a few persistent programs an SM, each walking a
+strided set of tiles with its weight-gradient partials in registers until its last tile.
 """
 from typing import Optional
 
@@ -49,12 +43,10 @@ __all__ = ["rms_norm", "layer_norm", "rms_norm_reference", "layer_norm_reference
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Tensors3 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-# Elements a tile (whole rows, at most max_rows), warps a program each way, persistent backward
-# programs an SM and the tiles their loads run ahead (H200, launch-tune-20261121-1633: 3 stages,
-# 1 program of 4 warps 10-19% faster than 2 of 8 unpipelined); 8 warps where x's bf16 gradient
-# is stored too (ln-bwd-tune-20261125-0316). A 16-bit stream (h, or x without a residual) takes
-# the ``_16`` values, the backward's only where D is not a power of two (ViT-B 44.3 and 53.5
-# against 49.4 and 61.0 µs; 2 programs lost at Swin-B's widths: ln-stream-tune-20261125-0731).
+# Tile elements (whole rows, at most max_rows), warps, persistent backward programs an SM and
+# tiles loaded ahead (H200: launch-tune-20261121-1633; 8 warps when x's bf16 gradient is stored
+# too, ln-bwd-tune-20261125-0316). A 16-bit stream (h; x without a residual) takes the ``_16``
+# values, the backward's only where D is not a power of two (ln-stream-tune-20261125-0731).
 LAUNCH = {"fwd_elements": 8192, "bwd_elements": 4096, "max_rows": 64, "fwd_warps": 8,
           "bwd_warps": 4, "bwd_copy_warps": 8, "programs_per_sm": 1, "bwd_stages": 3,
           "fwd_elements_16": 4096, "fwd_warps_16": 4, "programs_per_sm_16": 2}
@@ -216,9 +208,8 @@ def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: 
     block_m, block_d = _tile(d, LAUNCH["bwd_elements"])
     loaded = h.element_size() + dy.element_size() + (0 if dh is None else dh.element_size())
     # 16-bit rows with masked lanes (D not a power of two) gain from more programs an SM
-    per_sm = "programs_per_sm_16" if h.element_size() == 2 and d & (d - 1) else "programs_per_sm"
-    progs = max(1, min(triton.cdiv(rows, block_m),
-                       programs_cap(h.device, LAUNCH[per_sm])))
+    per_sm = _setting("programs_per_sm", h.dtype) if d & (d - 1) else LAUNCH["programs_per_sm"]
+    progs = max(1, min(triton.cdiv(rows, block_m), programs_cap(h.device, per_sm)))
     k = (1 if rms else 2) + x_bias
     alloc = torch.empty if rows else torch.zeros  # every program writes its rows of partials
     parts = alloc((progs, k, d), device=h.device, dtype=torch.float32)

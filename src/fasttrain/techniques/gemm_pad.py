@@ -58,12 +58,13 @@ def pad_linears(model: nn.Module, multiple: int) -> list[str]:
     with widths of its own is told to pad them (``pad_gemm``). What was padded."""
     done = []
     for label, m, width in odd_widths(model, multiple):
+        padded = width + -width % multiple
         if type(m) is nn.Linear:
             m.__class__ = PaddedLinear
-            m.padded = width + -width % multiple
+            m.padded = padded
         else:
             m.pad_gemm(multiple)
-        done.append(f"{label} {width} → {width + -width % multiple}")
+        done.append(f"{label} {width} → {padded}")
     return done
 
 
