@@ -112,6 +112,18 @@ def test_cli_user_mistakes_are_one_line(argv, needle):
     assert len(lines) == 1 and needle in lines[0], proc.stderr
 
 
+def test_cli_train_row_names_the_workload_options(capsys):
+    from fasttrain.cli import main
+
+    argv = ["train", "llama", "--size", "tiny", "--steps", "2", "--warmup", "0", "--device",
+            "cpu", "--opt", "vocab=509", "--set", "gemm_pad=64"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    row = json.loads(out[out.rfind('{\n "kind": "train"'):])
+    assert row["options"] == {"vocab": 509} and row["recipe"]["gemm_pad"] == 64
+    assert len(row["losses"]) == 2 and all(x == x for x in row["losses"])
+
+
 def test_previous_parity_is_not_checked_when_the_rung_before_failed():
     from fasttrain.ladder.rungs import Rung
     from fasttrain.ladder.runner import _check

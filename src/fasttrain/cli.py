@@ -181,7 +181,8 @@ def cmd_train(args) -> int:
     recipe = _base_recipe(args)
     if args.export and not args.save:
         raise FasttrainError("--export consolidates the checkpoint of --save; give both")
-    wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **_options(args.opt))
+    options = _options(args.opt)
+    wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **options)
     res = train(wl, recipe, steps=args.steps, warmup=args.warmup, device=device,
                 save_to=args.save, resume_from=args.resume)
     from .distributed.env import current
@@ -189,15 +190,13 @@ def cmd_train(args) -> int:
     if not current().main:
         return 0
     if args.export:
-        if not args.save:
-            raise FasttrainError("--export consolidates the checkpoint of --save; give both")
         from .run.checkpoint import export
 
         export(args.save, args.export)
     from .env import environment
 
     print(json.dumps({"kind": "train", "workload": args.workload, "size": size,
-                      "recipe": recipe.to_dict(), **res.to_row(),
+                      "options": options, "recipe": recipe.to_dict(), **res.to_row(),
                       "env": environment(device)}, indent=1))
     return 0
 
