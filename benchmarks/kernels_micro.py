@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -352,28 +353,32 @@ def rope_rows(env: dict) -> list[dict]:
     return rows
 
 
+def _window_sdpa(qkv, bias, mask, heads):
+    """Swin's plain window attention: SDPA over (Bw, N, 3·C) windows, bias + mask materialised."""
+    Bw, N, C3 = qkv.shape
+    q, k, v = qkv.view(Bw, N, 3, heads, C3 // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
+    full = (bias[None] + mask[:, None]).repeat(Bw // mask.shape[0], 1, 1, 1) \
+        if mask is not None else bias[None]
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full.to(q.dtype))
+    return out.transpose(1, 2).reshape(Bw, N, C3 // 3)
+
+
+def _window_math(qkv, bias, mask, heads):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return _window_sdpa(qkv, bias, mask, heads)
+
+
 def window_rows(env: dict) -> list[dict]:
     """Swin-B's window attention per stage (batch 64, 7x7 windows, shifted blocks' masks): the
     model's plain path (SDPA with the bias materialised), eager and compiled, compile's math
     attention (what the fast rung with math attention runs) and the Triton kernel; from the
     qkv projection's output to the (windows, 49, C) input of the output projection."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     from fasttrain.kernels.window_attention import window_attention
     from fasttrain.workloads.swin import shift_mask
 
-    def sdpa(qkv, bias, mask, heads):
-        Bw, N, C3 = qkv.shape
-        q, k, v = qkv.view(Bw, N, 3, heads, C3 // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
-        full = (bias[None] + mask[:, None]).repeat(Bw // mask.shape[0], 1, 1, 1) \
-            if mask is not None else bias[None]
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full.to(q.dtype))
-        return out.transpose(1, 2).reshape(Bw, N, C3 // 3)
-
-    def math(qkv, bias, mask, heads):
-        with sdpa_kernel(SDPBackend.MATH):
-            return sdpa(qkv, bias, mask, heads)
-
+    sdpa, math = _window_sdpa, _window_math
     rows = []
     for stage, windows, heads, dim, res in [(1, 64 * 64, 4, 128, 56), (2, 64 * 16, 8, 256, 28),
                                             (3, 64 * 4, 16, 512, 14), (4, 64, 32, 1024, 7)]:
@@ -394,6 +399,61 @@ def window_rows(env: dict) -> list[dict]:
                                "dim": dim, "shifted": mask is not None},
                               "bf16 qkv, fp32 bias", ("gb_per_s", moved), (dy,),
                               extra=(mask, heads))
+    return rows
+
+
+def map_window_rows(env: dict) -> list[dict]:
+    """Swin-B's attention on the token map (``kernels=window`` in the blocks: the map mode), per
+    stage at batch 64, shifted blocks (shift 3) where the map holds more than one window: from
+    the block's normed map x (B, H, W, C) to the attention's output map before the output
+    projection. The plain path rolls and partitions x, projects the windows to qkv, attends
+    (SDPA with the bias and mask materialised), reverses the partition and rolls back; the
+    kernel path projects the map itself and runs ``map_window_attention``, which finds each
+    window's tokens by address. Both include the same qkv GEMM, so their difference is the
+    roll, partition, reverse and attention. TFLOP/s counts the GEMM's and attention's FLOPs."""
+    import torch.nn.functional as F
+
+    from fasttrain.kernels.window_attention import map_window_attention, window_attention
+    from fasttrain.layers.windows import cyclic_shift, window_partition, window_reverse
+    from fasttrain.workloads.swin import shift_mask
+
+    def plain(attend):
+        def run(x, w, b, bias, mask, heads, shift):
+            _, H, W, _ = x.shape
+            win = window_partition(cyclic_shift(x, shift) if shift else x, 7)
+            y = window_reverse(attend(F.linear(win, w, b), bias, mask, heads), 7, H, W)
+            return cyclic_shift(y, -shift) if shift else y
+        return run
+
+    def on_map(x, w, b, bias, mask, heads, shift):
+        return map_window_attention(F.linear(x, w, b), bias, mask, heads, 7, shift)
+
+    rows = []
+    for stage, heads, dim, res in [(1, 4, 128, 56), (2, 8, 256, 28), (3, 16, 512, 14),
+                                   (4, 32, 1024, 7)]:
+        B, N = 64, 49
+        shift = 3 if res > 7 else 0
+        x = torch.randn(B, res, res, dim, device="cuda", dtype=torch.bfloat16,
+                        requires_grad=True)
+        w = (torch.randn(3 * dim, dim, device="cuda") * dim ** -0.5).bfloat16().requires_grad_()
+        b = torch.zeros(3 * dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        bias = (0.1 * torch.randn(heads, N, N, device="cuda")).requires_grad_()
+        mask = shift_mask(res, 7, shift).cuda() if shift else None
+        dy = torch.randn(B, res, res, dim, device="cuda", dtype=torch.bfloat16)
+        tokens = B * res * res
+        flops = 3 * (2 * tokens * dim * 3 * dim + 4 * tokens * N * dim)  # fwd + bwd ≈ 3 × fwd
+        torch._dynamo.reset()
+        variants = {"eager roll + partition + sdpa (model's plain path)": plain(_window_sdpa),
+                    "compiled roll + partition + sdpa": torch.compile(plain(_window_sdpa)),
+                    "compiled roll + partition + math attention":
+                        torch.compile(plain(_window_math)),
+                    "roll + partition + triton window kernel": plain(window_attention),
+                    "triton map kernel": on_map}
+        rows += _variant_rows(env, "map-window-attention", variants, (x, w, b, bias),
+                              {"stage": stage, "batch": B, "map": res, "heads": heads,
+                               "dim": dim, "shift": shift},
+                              "bf16 x, qkv weight and bias; fp32 position bias",
+                              ("tflops", flops), (dy,), extra=(mask, heads, shift))
     return rows
 
 
@@ -528,11 +588,12 @@ def conv_rows(env: dict) -> list[dict]:
 def optimizer_rows(env: dict) -> list[dict]:
     """One optimizer step over a model's trainable fp32 weights (shapes from the workload,
     built on the meta device): PyTorch's clip_grad_norm_ + fused AdamW (+ foreach EMA where the
-    workload keeps one), as the peer runs it, against fasttrain's one-launch AdamW at a few
-    block sizes. GB/s counts the minimal traffic of the fused step for every variant: norm 4
+    workload keeps one), as the peer runs it, the same step under torch.compile (foreach AdamW
+    with a tensor lr, Inductor's fused kernels), and fasttrain's one-launch AdamW at a few
+    block sizes (``OPTIMIZER_WORKLOADS=llama,vit`` picks the workloads). GB/s counts the minimal traffic of the fused step for every variant: norm 4
     bytes a weight, AdamW 28, EMA 8."""
     rows = []
-    for name in ("sd", "llama", "vit"):
+    for name in os.environ.get("OPTIMIZER_WORKLOADS", "sd,llama,vit").split(","):
         rows += _optimizer_rows_for(env, name)
         torch.cuda.empty_cache()
     return rows
@@ -577,8 +638,25 @@ def _optimizer_rows_for(env: dict, name: str) -> list[dict]:
             flat.attach_ema(0.9999)
         return flat.step
 
+    def compiled_step():  # PyTorch's other best practice: the whole step under torch.compile
+        ps = params()
+        opt = torch.optim.AdamW(ps, lr=torch.tensor(1e-4, device="cuda"), weight_decay=0.01,
+                                foreach=True, capturable=True)
+        shadow = [w.clone() for w in weights] if ema else None
+
+        @torch.compile
+        def step():
+            torch.nn.utils.clip_grad_norm_(ps, 1.0)
+            opt.step()
+            if shadow is not None:
+                torch._foreach_lerp_(shadow, ps, 1e-4)
+        return step
+
     rows = [_opt_row(env, "clip + fused AdamW" + (" + foreach EMA" if ema else ""), shape,
                      torch_step(), gbytes)]
+    torch._dynamo.reset()
+    rows.append(_opt_row(env, "compiled clip + AdamW" + (" + EMA" if ema else ""), shape,
+                         compiled_step(), gbytes))
     default = dict(adamw.LAUNCH)
     try:
         for block, warps in ((1024, 4), (2048, 4), (4096, 8)):
@@ -603,6 +681,7 @@ def _opt_row(env: dict, variant: str, shape: dict, step, gbytes: float) -> dict:
 GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows,
           "activations": activation_rows, "rope": rope_rows, "window": window_rows,
           "optimizer": optimizer_rows, "groupnorm": groupnorm_rows, "attention": attention_rows,
+          "map_window": map_window_rows,
           "conv": conv_rows,
           "wide_attention": wide_attention_rows, "geglu": geglu_rows}
 
@@ -613,10 +692,10 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(GROUPS), help=f"of {', '.join(GROUPS)}")
     args = ap.parse_args()
     env = environment("cuda")
-    rows = [row for name in args.only.split(",") for row in GROUPS[name](env)]
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out.unlink(missing_ok=True)
+    for name in args.only.split(","):  # each group's rows written as it finishes
+        append_rows(str(out), GROUPS[name](env))
     return 0
 
 

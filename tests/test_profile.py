@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fasttrain.profile.advisor import RULES, advise, suggest_recipe
 from fasttrain.profile.kernels import _union_length, categorize
@@ -222,3 +223,26 @@ def test_kernel_view_leaves_out_annotation_spans_and_counts_optimizer_spans(tmp_
     assert view["memsets_per_step"] == 1
     assert view["idle_fraction"] == pytest.approx(1 - 90 / 150)  # the memset inside the gemm
     assert all(not name.startswith(("phase:", "Optimizer")) for name, _ in view["top_kernels"])
+
+
+def test_the_kernel_window_is_synchronised_at_its_edges_only(monkeypatch):
+    """The host runs ahead of the GPU: the profiler waits for the queued steps when its window
+    opens and closes, so the window holds the kernels of its own steps, and only then."""
+    from fasttrain.profile.kernels import KernelProfiler
+
+    calls, synced = [], []
+
+    class FakeProf:
+        def step(self):
+            calls.append(len(synced))
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(len(calls)))
+    kp = KernelProfiler(start=4, active=3, trace_dir=None)
+    kp.prof, kp.cuda = FakeProf(), True
+    for step in range(9):
+        kp.end(step)
+    assert synced == [3, 6] and len(calls) == 9  # before the steps that open and close it
+    kp.cuda, synced[:] = False, []
+    for step in range(9):
+        kp.end(step)
+    assert synced == []  # no device to wait for on the CPU

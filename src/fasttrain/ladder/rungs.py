@@ -88,7 +88,8 @@ its layer 18% faster than compiled SDPA (kernels-micro-attention-20261122-0300) 
 runs in 0.209 ms against the compiled gather + GEMM's 0.497 (kernels-micro-conv-20261122-1321)
 and took an SD step 0.5% faster (train-conv-sd-20261122-1332). Llama's add + RMSNorm runs the
 LayerNorm's kernels without the mean; before their pipelined loads it measured 0.155-0.163 ms
-against compiled 0.142 (kernels-micro-norms-20261121-1352): the rung says whether it pays now."""
+against compiled 0.142 (kernels-micro-norms-20261121-1352); with them, in Llama-1B's fast step
++1.3% (train-llama-items-20261126-0052)."""
 
 
 def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
@@ -126,7 +127,8 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     axes += [(f"kernels {kind}", "kernels", kind) for kind in SEARCHED_KERNELS if kind in present]
     # the residual stream in bf16 (models that carry one: ViT, Swin, Llama), after the norm kernels
     # that have launch settings of their own for a 16-bit stream: ViT-B +3.3% on an H200
-    # (train-stream-vit-20261125-0714), Swin-B +2.3% on an H100 (train-stream-swin-20261125-2133)
+    # (train-stream-vit-20261125-0714), Swin-B +2.3% on an H100 (train-stream-swin-20261125-2133),
+    # Llama-1B +2.0% on an H200 (train-llama-items-20261126-0052)
     if any(hasattr(m, "stream_dtype") for m in model.modules()):
         axes.append(("bf16 stream", "stream_dtype", "bf16"))
     if odd_widths(model, 8):  # a linear width (a vocabulary) off the multiple of 8 tensor
@@ -144,7 +146,8 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     # (train-launch-switches-20261121-2149); on ViT-B -0.5% and +0.3%: the search decides
     axes += [("dependent launch", "pdl", True), ("combo kernels", "combo_kernels", True)]
     # the libraries' small memsets in the captured graph as kernel nodes: SD +0.5% (261 a step,
-    # train-graph-memsets-sd-20261125-0045), ViT-B +0.1% (98, -vit-20261125-0050); needs graphs
+    # train-graph-memsets-sd-20261125-0045), ViT-B +0.1% (98, -vit-20261125-0050) and, on the
+    # bf16 stream, +1.5% (train-switches-vit-20261126-0117); needs graphs
     axes.append(("memsets as kernels", "graph_memset_kernels", True))
     return axes
 
