@@ -620,9 +620,13 @@ def _optimizer_rows_for(env: dict, name: str) -> list[dict]:
             q.grad = g
         return ps
 
-    def torch_step():  # each variant's weights and state live only while it is timed
+    def torch_step(compiled: bool = False):  # each variant's state lives only while timed
         ps = params()
-        opt = torch.optim.AdamW(ps, lr=1e-4, weight_decay=0.01, fused=True, capturable=True)
+        # compiled: PyTorch's other best practice, the whole step under torch.compile (foreach
+        # AdamW with a tensor lr, so the lr is not baked into the graph)
+        opt = torch.optim.AdamW(ps, lr=torch.tensor(1e-4, device="cuda") if compiled else 1e-4,
+                                weight_decay=0.01, capturable=True,
+                                **({"foreach": True} if compiled else {"fused": True}))
         shadow = [w.clone() for w in weights] if ema else None
 
         def step():
@@ -630,7 +634,7 @@ def _optimizer_rows_for(env: dict, name: str) -> list[dict]:
             opt.step()
             if shadow is not None:
                 torch._foreach_lerp_(shadow, ps, 1e-4)
-        return step
+        return torch.compile(step) if compiled else step
 
     def flat_step():
         flat = adamw.FlatAdamW(params(), lr=1e-4, weight_decay=0.01, max_grad_norm=1.0)
@@ -638,25 +642,11 @@ def _optimizer_rows_for(env: dict, name: str) -> list[dict]:
             flat.attach_ema(0.9999)
         return flat.step
 
-    def compiled_step():  # PyTorch's other best practice: the whole step under torch.compile
-        ps = params()
-        opt = torch.optim.AdamW(ps, lr=torch.tensor(1e-4, device="cuda"), weight_decay=0.01,
-                                foreach=True, capturable=True)
-        shadow = [w.clone() for w in weights] if ema else None
-
-        @torch.compile
-        def step():
-            torch.nn.utils.clip_grad_norm_(ps, 1.0)
-            opt.step()
-            if shadow is not None:
-                torch._foreach_lerp_(shadow, ps, 1e-4)
-        return step
-
     rows = [_opt_row(env, "clip + fused AdamW" + (" + foreach EMA" if ema else ""), shape,
                      torch_step(), gbytes)]
     torch._dynamo.reset()
     rows.append(_opt_row(env, "compiled clip + AdamW" + (" + EMA" if ema else ""), shape,
-                         compiled_step(), gbytes))
+                         torch_step(compiled=True), gbytes))
     default = dict(adamw.LAUNCH)
     try:
         for block, warps in ((1024, 4), (2048, 4), (4096, 8)):
