@@ -26,4 +26,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist each worker takes its share of the cores (one each with -n auto).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))

@@ -205,10 +205,11 @@ def test_recipe_runs_it_with_the_ema_folded_in_and_keeps_the_losses():
     from fasttrain.run.loop import train
     from fasttrain.workloads import load_workload
 
-    wl = load_workload("sd", "tiny")
-    base = train(wl, Recipe(optimizer_impl="fused", ema="foreach", lr=1e-3), steps=3, warmup=0,
+    wl = load_workload("sd", "tiny")  # two steps: one update seen in a loss (the EMA's own
+    # arithmetic against PyTorch's is test_matches_adamw_with_clipping_and_ema's)
+    base = train(wl, Recipe(optimizer_impl="fused", ema="foreach", lr=1e-3), steps=2, warmup=0,
                  device="cpu")
-    ours = train(wl, Recipe(optimizer_impl="triton", ema="foreach", lr=1e-3), steps=3, warmup=0,
+    ours = train(wl, Recipe(optimizer_impl="triton", ema="foreach", lr=1e-3), steps=2, warmup=0,
                  device="cpu")
     assert ours.losses == pytest.approx(base.losses, rel=1e-5)
     assert "one Triton launch a step, gradient clipping inside" in ours.applied["optimizer"]
@@ -316,33 +317,40 @@ def test_bf16_masters_survive_a_state_dict_round_trip_in_fp32(small_blocks):
     assert torch.equal(twin_opt._exp_avg, opt._exp_avg)
 
 
-def test_recipe_master_weights_under_bf16_mixed_keep_autocast_s_losses_bit_for_bit():
+@pytest.mark.parametrize("name, extra, steps", [
+    ("vit", {}, 3), ("llama", {}, 3),
+    # SD with the GroupNorm kernels: conv1's bias is read by norm2's kernels outside autocast,
+    # so it stays fp32 (ResnetBlock.fp32_params), as fc1's bias does under kernels=gelu. Two
+    # steps (one update seen in a loss): its interpreted kernels make each step ~25 s here.
+    ("sd", {"channels_last": True, "kernels": "groupnorm"}, 2)])
+def test_recipe_master_weights_under_bf16_mixed_keep_autocast_s_losses_bit_for_bit(name, extra,
+                                                                                    steps):
     """Autocast over fp32 weights casts them to bf16 for every matmul and brings the bf16
     gradients back as fp32: storing those weights in bf16 with fp32 masters is the same
     arithmetic (eager, on the CPU). Linear weights become bf16, norms and embeddings do not."""
     from fasttrain.recipe import Recipe
-    from fasttrain.run.loop import prepare, train
+    from fasttrain.run.loop import train
     from fasttrain.workloads import load_workload
 
-    # SD with the GroupNorm kernels: conv1's bias is read by norm2's kernels outside autocast,
-    # so it stays fp32 (ResnetBlock.fp32_params), as fc1's bias does under kernels=gelu.
-    # SD was bit for bit until its attention projections became one GEMM over concatenated
-    # weights (sd_transformer.Attention); since, the first two losses still agree exactly and the
-    # third differs by ~5e-4 relative. One attention layer's output and gradients under
-    # autocast are bit-identical with fp32 or bf16 weights; the cause is not found yet.
-    for name, extra in (("vit", {}), ("llama", {}),
-                        ("sd", {"channels_last": True, "kernels": "groupnorm"})):
-        wl = load_workload(name, "tiny")
-        base = Recipe(precision="bf16-mixed", optimizer_impl="triton", lr=1e-3, **extra)
-        plain = train(wl, base, steps=3, warmup=0, device="cpu")
-        ours = train(wl, base.replace(master_weights=True), steps=3, warmup=0, device="cpu")
-        if name == "sd":  # see the note below
-            assert ours.losses[:2] == plain.losses[:2]
-            assert ours.losses == pytest.approx(plain.losses, rel=2e-3)
-        else:
-            assert ours.losses == plain.losses
-        assert "stored in bf16 with fp32 masters in the optimizer" in ours.applied["optimizer"]
-        assert not ours.warnings
+    # SD was bit for bit over three steps until its attention projections became one GEMM over
+    # concatenated weights (sd_transformer.Attention); since, the first two losses still agree
+    # exactly and the third differs by ~5e-4 relative. One attention layer's output and
+    # gradients under autocast are bit-identical with fp32 or bf16 weights; the cause is not
+    # found yet.
+    wl = load_workload(name, "tiny")
+    base = Recipe(precision="bf16-mixed", optimizer_impl="triton", lr=1e-3, **extra)
+    plain = train(wl, base, steps=steps, warmup=0, device="cpu")
+    ours = train(wl, base.replace(master_weights=True), steps=steps, warmup=0, device="cpu")
+    assert ours.losses == plain.losses
+    assert "stored in bf16 with fp32 masters in the optimizer" in ours.applied["optimizer"]
+    assert not ours.warnings
+
+
+def test_master_weights_store_the_matmul_weights_in_bf16_only():
+    from fasttrain.recipe import Recipe
+    from fasttrain.run.loop import prepare
+    from fasttrain.workloads import load_workload
+
     state, _, _ = prepare(load_workload("vit", "tiny"),
                           Recipe(precision="bf16-mixed", optimizer_impl="triton",
                                  master_weights=True), torch.device("cpu"))
