@@ -17,6 +17,20 @@ def _cache(tmp_path_factory, monkeypatch):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _interpreted_optimizer_blocks(monkeypatch):
+    """In Triton's interpreter each program is a pass of NumPy calls with a fixed cost, so the
+    one-launch AdamW's ~1,400 programs a step over SD-tiny's weights took 15 s; with 16,384
+    elements a block, 6. Tests of the kernel's own blocking set smaller blocks themselves
+    (``small_blocks`` and the norm's tests in test_adamw.py); the GPU runs the default."""
+    if os.environ.get("TRITON_INTERPRET") == "1" and not torch.cuda.is_available():
+        from fasttrain.kernels import adamw
+
+        monkeypatch.setitem(adamw.LAUNCH, "block", 16384)
+        monkeypatch.setitem(adamw.NORM_LAUNCH, "block", 16384)
+    yield
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

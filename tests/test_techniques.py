@@ -292,8 +292,8 @@ def test_padding_on_fixed_length_batches_says_it_does_nothing():
 
 def test_fused_kernels_keep_the_llama_losses_and_say_what_they_fused():
     wl = load_workload("llama", "tiny")
-    plain = train(wl, Recipe(), steps=3, warmup=0, device="cpu")
-    fused = train(wl, Recipe(kernels="fused"), steps=3, warmup=0, device="cpu")
+    plain = train(wl, Recipe(), steps=2, warmup=0, device="cpu")
+    fused = train(wl, Recipe(kernels="fused"), steps=2, warmup=0, device="cpu")
     assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
     for what in ("linear + cross-entropy in chunks", "SiLU(gate) · up", "RoPE of q and k",
                  "RMSNorm (with the residual add before it) in Triton ×5"):  # 2 a block + final
