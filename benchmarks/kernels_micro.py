@@ -633,7 +633,10 @@ def _optimizer_rows_for(env: dict, name: str) -> list[dict]:
             torch.nn.utils.clip_grad_norm_(ps, 1.0)
             opt.step()
             if shadow is not None:
-                torch._foreach_lerp_(shadow, ps, 1e-4)
+                with torch.no_grad():  # no autograd history on the shadow weights
+                    torch._foreach_lerp_(shadow, ps, 1e-4)
+        # compiled: three graphs (clip, AdamW, EMA): Optimizer.step breaks the graph around
+        # itself on purpose, so that AOTAutograd sees an in-place inference graph
         return torch.compile(step) if compiled else step
 
     def flat_step():

@@ -194,7 +194,8 @@ class KernelProfiler(Observer):
         if self.cuda and step in (self.start - 1, self.start + self.active - 1):
             # The host runs ahead of the GPU (graph replays queue up): unsynchronised, the
             # kernels of the step before the window ran inside it, and ms a step read 4/3 high
-            # over three steps (profile-vit-base-20261126-010525: 40.7 ms of a 30.4 ms step).
+            # over three steps (profile-vit-base-20261126-010525: 40.7 ms of kernels in a
+            # 30.6 ms step).
             torch.cuda.synchronize()
         self.prof.step()
 
