@@ -378,7 +378,6 @@ def window_rows(env: dict) -> list[dict]:
     from fasttrain.kernels.window_attention import window_attention
     from fasttrain.workloads.swin import shift_mask
 
-    sdpa, math = _window_sdpa, _window_math
     rows = []
     for stage, windows, heads, dim, res in [(1, 64 * 64, 4, 128, 56), (2, 64 * 16, 8, 256, 28),
                                             (3, 64 * 4, 16, 512, 14), (4, 64, 32, 1024, 7)]:
@@ -390,9 +389,9 @@ def window_rows(env: dict) -> list[dict]:
         dy = torch.randn(windows, N, dim, device="cuda", dtype=torch.bfloat16)
         moved = windows * N * dim * 12 * 2  # fwd: qkv in, out — bwd: qkv, out, dout in, dqkv
         torch._dynamo.reset()
-        variants = {"eager sdpa (model's plain path)": sdpa,
-                    "compiled sdpa": torch.compile(sdpa),
-                    "compiled math attention": torch.compile(math),
+        variants = {"eager sdpa (model's plain path)": _window_sdpa,
+                    "compiled sdpa": torch.compile(_window_sdpa),
+                    "compiled math attention": torch.compile(_window_math),
                     "triton fused": window_attention}
         rows += _variant_rows(env, "window-attention", variants, (qkv, bias),
                               {"stage": stage, "windows": windows, "tokens": N, "heads": heads,
@@ -590,8 +589,8 @@ def optimizer_rows(env: dict) -> list[dict]:
     built on the meta device): PyTorch's clip_grad_norm_ + fused AdamW (+ foreach EMA where the
     workload keeps one), as the peer runs it, the same step under torch.compile (foreach AdamW
     with a tensor lr, Inductor's fused kernels), and fasttrain's one-launch AdamW at a few
-    block sizes (``OPTIMIZER_WORKLOADS=llama,vit`` picks the workloads). GB/s counts the minimal traffic of the fused step for every variant: norm 4
-    bytes a weight, AdamW 28, EMA 8."""
+    block sizes (``OPTIMIZER_WORKLOADS=llama,vit`` picks the workloads). GB/s counts the
+    minimal traffic of the fused step for every variant: norm 4 bytes a weight, AdamW 28, EMA 8."""
     rows = []
     for name in os.environ.get("OPTIMIZER_WORKLOADS", "sd,llama,vit").split(","):
         rows += _optimizer_rows_for(env, name)

@@ -19,7 +19,8 @@ def main(folder: str) -> int:
         r = row["recipe"]
         print(row["workload"], r["optimizer_impl"], r["compile_mode"],
               f"kernels={r['kernels']}", f"stream={r.get('stream_dtype')}",
-              f"gemm_pad={r.get('gemm_pad')}", row.get("options") or "", f"{row['throughput']:.1f} {row['throughput_unit']}",
+              f"gemm_pad={r.get('gemm_pad')}", row.get("options") or "",
+              f"{row['throughput']:.1f} {row['throughput_unit']}",
               f"{1e3 * row['step_time_s']:.2f} ms", f"warm-up {row['warmup_s']:.1f} s",
               row.get("applied", {}).get("compile"), row.get("warnings"))
         f.unlink()

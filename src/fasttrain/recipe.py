@@ -310,12 +310,11 @@ def validate(r: Recipe) -> None:
 
 def _validate_bf16_switches(r: Recipe) -> None:
     """Switches that only exist under a bf16 precision."""
-    if r.precision in ("bf16-mixed", "bf16-true"):
-        return
-    if r.stream_dtype == "bf16":
+    bf16 = r.precision in ("bf16-mixed", "bf16-true")
+    if r.stream_dtype == "bf16" and not bf16:
         raise FasttrainError(f"recipe: stream_dtype=bf16 needs precision=bf16-mixed, "
                              f"not {r.precision}")
-    if r.fp8 != "none":
+    if r.fp8 != "none" and not bf16:
         raise FasttrainError(f"recipe: fp8={r.fp8} needs precision=bf16-mixed or bf16-true "
                              f"(its matmuls return bf16), not {r.precision}")
 

@@ -207,7 +207,6 @@ def _bwd(dy: torch.Tensor, dh: Optional[torch.Tensor], h: torch.Tensor, weight: 
     dx2 = torch.empty_like(h, dtype=x_dtype) if has_dx2 else h.new_empty(0)
     block_m, block_d = _tile(d, LAUNCH["bwd_elements"])
     loaded = h.element_size() + dy.element_size() + (0 if dh is None else dh.element_size())
-    # 16-bit rows with masked lanes (D not a power of two) gain from more programs an SM
     per_sm = _setting("programs_per_sm", h.dtype) if d & (d - 1) else LAUNCH["programs_per_sm"]
     progs = max(1, min(triton.cdiv(rows, block_m), programs_cap(h.device, per_sm)))
     k = (1 if rms else 2) + x_bias
