@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import pytest
 import torch
@@ -17,7 +18,19 @@ import torch
 
 @contextlib.contextmanager
 def kernels_interpreted():
-    """Import kernel modules inside; skips the test module if they were already compiled."""
+    """Import kernel modules inside; skips the test module where the kernels must stay compiled.
+
+    Triton fixes interpreted or compiled when a kernel module is first imported, for the whole
+    process. On a machine with CUDA (the GPU suite, ``-m gpu``) an interpreted import here would
+    leave every later test running the interpreter on host copies of CUDA tensors, which crashed
+    the one-launch AdamW's GPU test with a segmentation fault; so these modules are skipped
+    there before they import anything (run them where there is no GPU, or with
+    ``TRITON_INTERPRET=1`` set for the whole session)."""
+    done = sys.modules.get("fasttrain.kernels._triton")
+    if (torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1") or (
+            done is not None and not done.INTERPRETED):
+        pytest.skip("Triton-interpreter tests: they run without a GPU (the GPU suite compiles "
+                    "the kernels)", allow_module_level=True)
     before = os.environ.get("TRITON_INTERPRET")
     os.environ.setdefault("TRITON_INTERPRET", "1")
     try:

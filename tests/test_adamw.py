@@ -11,7 +11,7 @@ from tests.interpreted import interpret, kernels_interpreted  # noqa: E402,F401
 
 with kernels_interpreted():
     from fasttrain.kernels import adamw as adamw_module
-    from fasttrain.kernels.adamw import FlatAdamW
+    from fasttrain.optim.adamw import FlatAdamW
 
 from fasttrain.errors import FasttrainError  # noqa: E402
 
@@ -372,7 +372,7 @@ def test_matmul_weights_leave_out_weights_shared_with_other_layers():
     assert got == {id(head.bias), id(model["conv"].weight), id(model["conv"].bias)}
     # a fused bias + GELU reads fc1's bias itself (not autocast): it stays fp32; fp8's layers
     # quantize their fp32 weights themselves: they stay fp32
-    from fasttrain.kernels.fp8_linear import Float8Linear
+    from fasttrain.layers.linear import Float8Linear
     from fasttrain.layers.mlp import Mlp
 
     mlp = Mlp(4, 8)

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasttrain.errors import FasttrainError
-from fasttrain.kernels.fp8_linear import E4M3, E5M2, Float8Linear, fp8_linear, to_fp8
+from fasttrain.kernels.fp8_linear import E4M3, E5M2, fp8_linear, to_fp8
+from fasttrain.layers.linear import Float8Linear
 from fasttrain.recipe import Recipe
 from fasttrain.run.loop import train
 from fasttrain.workloads import load_workload

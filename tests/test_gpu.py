@@ -211,7 +211,7 @@ def _compiled_and_reference(fused, reference, inputs, loss, rel: float = 2e-2):
 
 def test_window_attention_compiled_on_cuda_matches_the_reference():
     from fasttrain.kernels.window_attention import window_attention, window_attention_reference
-    from fasttrain.workloads.swin import shift_mask
+    from fasttrain.layers.windows import shift_mask
 
     torch.manual_seed(0)
     # 16 windows per image, 80 images: more windows than the persistent programs of both
@@ -228,7 +228,7 @@ def test_window_attention_compiled_on_cuda_matches_the_reference():
 def test_map_window_attention_compiled_on_cuda_matches_the_reference():
     from fasttrain.kernels.window_attention import (map_window_attention,
                                                     map_window_attention_reference)
-    from fasttrain.workloads.swin import shift_mask
+    from fasttrain.layers.windows import shift_mask
 
     torch.manual_seed(0)
     qkv = torch.randn(4, 28, 28, 3 * 128, device="cuda", dtype=torch.bfloat16)
@@ -624,7 +624,7 @@ def test_one_launch_adamw_on_cuda_matches_torch_eager_and_in_a_cuda_graph():
     """FlatAdamW (clip + AdamW + EMA in one launch) against PyTorch's fused AdamW, clip and
     foreach EMA on CUDA; then the same steps captured in one CUDA graph and replayed, with fresh
     gradients written by the graph each time, as the training loop's graphed step does."""
-    from fasttrain.kernels.adamw import FlatAdamW
+    from fasttrain.optim.adamw import FlatAdamW
 
     torch.manual_seed(0)
     shapes = [(320, 320, 3, 3), (1280,), (77, 768), (5,), (4099, 33)]
@@ -702,7 +702,7 @@ def test_one_launch_adamw_steps_bf16_weights_through_fp32_masters_on_cuda():
     to nearest even, eager and in a CUDA graph, next to fp32 weights in the same launch. (The
     clip norm of bf16 gradients, accumulated in fp32, may differ from that of their fp32 copies
     in the last bit: PyTorch's multi-tensor norm sums them in another order.)"""
-    from fasttrain.kernels.adamw import FlatAdamW
+    from fasttrain.optim.adamw import FlatAdamW
 
     torch.manual_seed(0)
     shapes = [(320, 320, 3, 3), (1280,), (77, 768), (5,), (4099, 33)]

@@ -164,7 +164,7 @@ def test_from_runs_the_base_then_the_later_rungs_with_cumulative_recipes():
 
 
 def test_fast_search_tries_what_depends_on_the_model_greedily():
-    from fasttrain.ladder.rungs import FastSearch, pick_fast
+    from fasttrain.ladder.search import FastSearch, pick_fast
 
     axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
             for w in ("vit", "sd", "llama", "swin")}

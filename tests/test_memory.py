@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fasttrain.errors import FasttrainError
-from fasttrain.ladder.fit import FitSpec, fit, persistent_estimate
+from fasttrain.fit.search import FitSpec, fit, persistent_estimate
 from fasttrain.ladder.rungs import build_ladder
 from fasttrain.profile.memory import persistent_split
 from fasttrain.recipe import Recipe
@@ -123,7 +123,7 @@ def test_persistent_estimate_counts_optimizer_state_by_recipe():
 
 @pytest.mark.slow
 def test_fit_answer_survives_the_full_step_in_a_fresh_process():
-    from fasttrain.ladder.fit import Search
+    from fasttrain.fit.search import Search
 
     # On CPU the budget is the process's resident set, which depends on the environment: set it
     # a little above what this machine's smallest trial measures.
@@ -177,7 +177,7 @@ class _FakeSearch:
     """Search.largest with trials answered by a rule instead of processes."""
 
     def __init__(self, k, max_batch, fits):
-        from fasttrain.ladder.fit import Search
+        from fasttrain.fit.search import Search
 
         self.s = Search.__new__(Search)
         self.s.spec = FitSpec("vit", "tiny", Recipe(), "cpu", budget_gib=1.0, max_batch=max_batch)

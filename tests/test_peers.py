@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from fasttrain.peers import PEERS, ROW_KEYS, list_peers, run_peer
+from fasttrain.peers import PEERS, list_peers, run_peer
+from fasttrain.measure.rows import ROW_KEYS
 
 FAST = dict(tiny=True, steps=2, warmup=1, device="cpu")
 
@@ -137,7 +138,7 @@ def test_timm_tiny(workload):
 def test_gqa_flop_formulas_count_grouped_query_attention(monkeypatch):
     from torch.utils import flop_counter as fc
 
-    from fasttrain.flops import gqa_flop_formulas
+    from fasttrain.measure.flops import gqa_flop_formulas
 
     def strict(q, k, v):  # torch ≤ 2.12: equal heads asserted
         assert q[1] == k[1] == v[1]

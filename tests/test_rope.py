@@ -14,7 +14,8 @@ from tests.interpreted import (assert_compiled_matches_eager, interpret,  # noqa
 with kernels_interpreted():
     from fasttrain.kernels import rope as rope_module
     from fasttrain.kernels.rope import rope, rope_reference
-    from fasttrain.workloads.llama import CONFIGS, apply_rope, rope_tables
+    from fasttrain.workloads.llama import CONFIGS, rope_tables
+    from fasttrain.layers.rope import apply_rope
 
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2),

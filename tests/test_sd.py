@@ -181,7 +181,7 @@ def test_wide_heads_take_the_gemm_path_only_for_frozen_16_bit_gpu_inputs():
 
 def test_flop_counter_counts_bmm_with_an_output_dtype():
     """The GEMM attention's fp32-output bmm is counted (torch's own formula raises on it)."""
-    from fasttrain.flops import flop_counter
+    from fasttrain.measure.flops import flop_counter
 
     a = torch.empty(2, 5, 8, dtype=torch.bfloat16, device="meta")
     b = torch.empty(2, 8, 6, dtype=torch.bfloat16, device="meta")

@@ -13,8 +13,7 @@ from fasttrain.ladder import runner
 from fasttrain.ladder.runner import LadderSpec, run_ladder
 from fasttrain.recipe import Recipe
 from fasttrain.report.table import markdown_table, peer_summary
-from fasttrain.run.steadiness import (REPEAT_TOLERANCE, UNSTEADY_IQR, confirmed_ratio,
-                                      needs_another, spread)
+from fasttrain.measure.steadiness import (REPEAT_TOLERANCE, UNSTEADY_IQR, confirmed_ratio, needs_another, spread)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -226,7 +225,7 @@ def test_a_failed_repeat_leaves_the_ratio_unconfirmed(monkeypatch, tmp_path, pee
 def test_the_fast_search_keeps_its_candidate_and_the_repeats_are_not_candidates(monkeypatch,
                                                                                  tmp_path):
     """The search's kept rung is the one confirmed, even where a repeat measures faster."""
-    from fasttrain.ladder.rungs import pick_fast
+    from fasttrain.ladder.search import pick_fast
 
     fake = _FakeChildren([250.0, 250.0], {"fp32": [100.0], "fast: compile": [300.0, 303.0, 304.0]})
     monkeypatch.setattr(runner.FastSearch, "__init__", _one_candidate_search)
@@ -238,7 +237,7 @@ def test_the_fast_search_keeps_its_candidate_and_the_repeats_are_not_candidates(
 
 
 def _one_candidate_search(self, workload, base, processes=1):
-    from fasttrain.ladder.rungs import fast_start
+    from fasttrain.ladder.search import fast_start
 
     self.start = fast_start(workload, base)
     self.recipe, self.parts, self._pending, self.axes, self.best = self.start[1], {}, {}, [], None

@@ -11,8 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fasttrain.errors import FasttrainError
 from fasttrain.workloads import load_workload
-from fasttrain.workloads.swin import (CONFIGS, Swin, SwinBlock, cyclic_shift, shift_mask,
-                                      window_partition, window_reverse)
+from fasttrain.workloads.swin import CONFIGS, Swin, SwinBlock
+from fasttrain.layers.windows import cyclic_shift, shift_mask, window_partition, window_reverse
 
 
 @pytest.fixture(autouse=True)

@@ -136,7 +136,8 @@ def _base_recipe(args):
 
 def cmd_ladder(args) -> int:
     from .ladder.runner import LadderSpec
-    from .report.live import run_with_progress
+    from .ladder.runner import run_ladder
+    from .report.live import show_progress
     from .report.table import ratio_warning
 
     device = _device(args.device)
@@ -159,9 +160,10 @@ def cmd_ladder(args) -> int:
                       options=_options(args.opt), out=out, peer=args.peer and args.nproc == 1,
                       rung_timeout=args.rung_timeout, extra_rungs=extra, nproc=args.nproc,
                       start_at=args.start_at, confirm=args.confirm)
-    rows = run_with_progress(spec)
+    rows = show_progress(lambda on_row, on_start: run_ladder(spec, on_row, on_start),
+                         f"fasttrain ladder · {spec.workload} {spec.size} · {spec.device}")
     if rungs == ["fast"]:
-        from .ladder.preset import write_fast_preset
+        from .ladder.search import write_fast_preset
 
         print(write_fast_preset(args.workload, size, rows, out))
     if ratio_warning(rows):
@@ -193,16 +195,18 @@ def cmd_train(args) -> int:
         from .run.checkpoint import export
 
         export(args.save, args.export)
-    from .env import environment
+    from .measure.env import environment
 
-    print(json.dumps({"kind": "train", "workload": args.workload, "size": size,
-                      "options": options, "recipe": recipe.to_dict(), **res.to_row(),
-                      "env": environment(device)}, indent=1))
+    from .measure.rows import make_row
+
+    print(json.dumps(make_row("train", args.workload, size, None, options=options,
+                              recipe=recipe.to_dict(), **res.to_row(),
+                              env=environment(device)), indent=1))
     return 0
 
 
 def cmd_profile(args) -> int:
-    from .ladder.runner import append_row
+    from .measure.rows import append_row
     from .profile.advisor import Finding, suggest_recipe
     from .profile.runner import run_profile
     from .recipe import to_toml
@@ -241,9 +245,9 @@ def cmd_profile(args) -> int:
 def cmd_fit(args) -> int:
     from rich.table import Table
 
-    from .env import environment
-    from .ladder.fit import FitSpec, fit
-    from .ladder.runner import append_row
+    from .measure.env import environment
+    from .fit.search import FitSpec, fit
+    from .measure.rows import append_row
     from .report.live import default_console
 
     device = _device(args.device)
@@ -331,7 +335,8 @@ def cmd_scaling(args) -> int:
 def cmd_report(args) -> int:
     from rich.console import Console
 
-    from .report.table import load_rows, markdown_table, rich_table
+    from .measure.rows import load_rows
+    from .report.table import markdown_table, rich_table
 
     for path in args.rows:
         if not Path(path).is_file():

@@ -1,4 +1,4 @@
-"""The Triton kernels of the one-launch AdamW (``kernels/adamw.py``, which documents the
+"""The Triton kernels of the one-launch AdamW (``optim/adamw.py``, which documents the
 layout they read): the step over every tensor's blocks, the gradients' sum of squares for the
 clip norm over the same blocks, and the fetch of the pinned host table of where the weights and
 gradients are."""

@@ -118,8 +118,11 @@ def realized(t: torch.Tensor) -> torch.Tensor:
 
 
 def runs_on(t: torch.Tensor) -> bool:
-    """Whether the Triton kernels can run on ``t``'s device in this process."""
-    return t.is_cuda or (INTERPRETED and t.device.type == "cpu")
+    """Whether the Triton kernels can run on ``t``'s device in this process. Interpreted kernels
+    run on host memory only: handed CUDA tensors, the interpreter works on host copies while
+    kernels that address tensors by raw offsets (the one-launch AdamW's table) read and write
+    arbitrary host memory."""
+    return t.device.type == "cpu" if INTERPRETED else t.is_cuda
 
 
 def op(name: str, opaque: bool = False):

@@ -193,7 +193,7 @@ def _swiglu_bwd_kernel(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n, BLOCK: tl.conste
 _TILE = 4096  # elements per program of swiglu
 _WARPS = 8  # 16 elements per thread: two 16-byte loads per tensor in bf16
 
-# bias_gelu launch settings, from benchmarks/gelu_tune.py on an H200 (gelu-tune-20261121-1629,
+# bias_gelu launch settings, from benchmarks/kernels/gelu_tune.py on an H200 (gelu-tune-20261121-1629,
 # fc1 of Swin-B's stages and ViT-B): tiles of ``*_elements`` elements, at most ``*_block_d``
 # columns wide. The forward is bound by GELU's arithmetic (without it the same loads and stores
 # run at the copy ceiling); narrow tiles with 4 warps measured 3-5% faster there than 8 warps

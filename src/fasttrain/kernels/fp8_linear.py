@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.autograd.function import once_differentiable
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -92,14 +91,3 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor,
                         bias.to(torch.bfloat16) if bias is not None else None)
     out = _FP8Linear.apply(x.reshape(tokens, K), weight, bias)
     return out.view(*x.shape[:-1], N)
-
-
-class Float8Linear(nn.Linear):
-    """An ``nn.Linear`` whose forward runs :func:`fp8_linear`: same parameters, same state dict.
-
-    The fp8 technique turns a model's ``nn.Linear`` layers into this class in place
-    (``module.__class__``), so optimizers, hooks and checkpoints see the same module.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.bias)

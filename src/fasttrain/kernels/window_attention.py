@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .windows import cyclic_shift, window_partition, window_reverse
 from ._triton import (INTERPRETED, add, launch, maximum, op, output_grad, programs_cap,
                       tile_dot)
 
@@ -52,7 +53,7 @@ __all__ = ["window_attention", "window_attention_reference", "map_window_attenti
 MAX_TOKENS = 128  # tokens per window that one tile holds (a 64 × 64 or 128 × 128 score tile)
 WIDE_ELEMENTS = 2**31  # qkv maps this large index in int64 (the kernels' WIDE), smaller in int32
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Launch settings (H200, benchmarks/window_tune.py, window-tune-20261121-0813: fastest at all
+# Launch settings (H200, benchmarks/kernels/window_tune.py, window-tune-20261121-0813: fastest at all
 # four Swin stages): warps per program; for the backward the persistent programs per SM, each
 # summing one bias partial over its windows, and the software-pipelining stages of its loop
 # (capping its 242 registers a thread to fit 3 or 4 programs an SM measured 19-52% slower:
@@ -360,8 +361,6 @@ def map_window_attention_reference(qkv: torch.Tensor, bias: torch.Tensor,
                                    mask: Optional[torch.Tensor], heads: int, window: int,
                                    shift: int = 0, scale: float | None = None) -> torch.Tensor:
     """Plain-PyTorch ``map_window_attention``: roll, partition, attend, reverse, roll back."""
-    from ..layers.windows import cyclic_shift, window_partition, window_reverse
-
     _, H, W, _ = qkv.shape
     win = window_partition(cyclic_shift(qkv, shift), window)
     out = window_attention_reference(win, bias, mask, heads, scale)

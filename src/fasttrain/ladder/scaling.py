@@ -12,10 +12,11 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from ..env import environment
+from ..measure.env import environment
 from ..recipe import Recipe
-from ..run.parity import compare
-from .runner import LadderSpec, append_row, run_rung
+from ..measure.parity import compare
+from ..measure.rows import append_row, make_row
+from .spec import LadderSpec, run_rung
 
 
 def run_scaling(workload: str, size: str, recipe: Recipe, worlds: list[int], modes: list[str],
@@ -31,10 +32,10 @@ def run_scaling(workload: str, size: str, recipe: Recipe, worlds: list[int], mod
                 spec = LadderSpec(workload=workload, size=size, steps=steps, warmup=warmup,
                                   device=device, nproc=world, rung_timeout=timeout)
                 name = f"w{world}-{mode}"
-                row = run_rung(spec, name, rec, Path(tmp))
-                row.update(kind="scaling", workload=workload, size=size, rung=name,
-                           world_size=world, sharding=mode, recipe=rec.to_dict(),
-                           per_gpu_batch=per_gpu_batch, env=env)
+                row = make_row("scaling", workload, size, name,
+                               **{**run_rung(spec, name, rec, Path(tmp)), "world_size": world,
+                                  "sharding": mode, "recipe": rec.to_dict(),
+                                  "per_gpu_batch": per_gpu_batch, "env": env})
                 if not row.get("error"):
                     row["total_throughput"] = row["throughput"]
                     row["throughput"] = row["throughput"] / world  # per GPU

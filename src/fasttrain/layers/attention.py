@@ -1,4 +1,5 @@
-"""Attention through torch's scaled_dot_product_attention, and heads too wide for its kernels.
+"""Attention through torch's scaled_dot_product_attention, heads too wide for its kernels, and
+ViT's self-attention layer with its fused Triton path.
 
 Which kernel SDPA picks (flash, memory-efficient, cuDNN, math) is decided by the attention
 technique with ``torch.nn.attention.sdpa_kernel`` around the step, never here, so every model
@@ -19,6 +20,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from .fused import FusedPath
+from .linear import linear
 
 FUSED_MAX_HEAD_DIM = 256  # the widest head SDPA's flash and cuDNN kernels take
 SCORES_MAX_BYTES = 1 << 30
@@ -61,3 +66,46 @@ def gemm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
         scores = torch.bmm(q3.float(), k3.float().transpose(1, 2))
     probs = scores.mul_(D ** -0.5).softmax(dim=-1).to(v.dtype)  # two fp32 buffers at a time
     return torch.bmm(probs, v3).view(B, H, Tq, D)
+
+
+class SelfAttention(FusedPath, nn.Module):
+    """Multi-head self-attention. Plain: the qkv projection viewed as (3, B, heads, T, D), SDPA,
+    the heads put back side by side. Fused (``kernels=attention``): ``kernels/seq_attention.py``,
+    one Triton kernel each way straight from the qkv projection's (B, T, 3·C) output, which
+    writes (B, T, C) and, backward, the qkv gradient in that layout (no permutes, no stack of
+    dq, dk, dv); the backward kernels also sum the qkv bias's gradient."""
+
+    fused_kind, fused_triton, replaces_sdpa = "attention", True, True
+    attention_name = "self-attention"
+
+    def __init__(self, dim: int, heads: int, batch_second: bool = False):
+        super().__init__()
+        self.heads, self.batch_second, self.fused = heads, batch_second, False
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def use_fused(self, on: bool) -> list[str]:
+        self.fused = on
+        return ["self-attention from the qkv projection's layout in one Triton kernel each way"]
+
+    def forward(self, x: torch.Tensor, mask: None = None, proj_bias: bool = True
+                ) -> torch.Tensor:
+        """``proj_bias=False`` leaves the output projection's bias out, for the caller to add."""
+        if self.fused:  # (B, T, C), or (T, B, C) batch second, in and out
+            from ..kernels.seq_attention import projected_seq_attention, seq_attention
+
+            if type(self.qkv) is nn.Linear:
+                out = projected_seq_attention(x, self.qkv.weight, self.qkv.bias, self.heads,
+                                              batch_second=self.batch_second)
+            else:  # another technique's linear layer (fp8): its own forward and bias gradient
+                out = seq_attention(self.qkv(x), self.heads, batch_second=self.batch_second)
+        elif self.batch_second:  # (T, B, C) → heads-major (3, B, H, T, D)
+            T, B, C = x.shape
+            qkv = self.qkv(x).view(T, B, 3, self.heads, C // self.heads).permute(2, 1, 3, 0, 4)
+            out = attention(*qkv.unbind(0))  # (B, H, T, D)
+            out = out.permute(2, 0, 1, 3).reshape(T, B, C)
+        else:
+            B, T, C = x.shape
+            qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+            out = attention(*qkv.unbind(0)).transpose(1, 2).reshape(B, T, C)  # from (B, H, T, D)
+        return linear(self.proj, out, bias=proj_bias)

@@ -24,10 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fused import FusedPath
+
 ALIGN = 8  # bf16/fp16 columns in 16 bytes
 
 
-class GemmConv2d(nn.Conv2d):
+class GemmConv2d(FusedPath, nn.Conv2d):
     """``nn.Conv2d`` computed as gather + one GEMM; made from a Conv2d by ``as_gemm``. The
     output is channels-last whatever the input's layout. ``use_fused`` (``kernels=conv``) runs
     a frozen one as one Triton pass."""

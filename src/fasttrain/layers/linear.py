@@ -1,7 +1,8 @@
 """A linear layer's matmul with or without its bias, for fused paths that add the bias
 themselves (bias + GELU, the blocks' fused LayerNorms), the outputs of several linear
 layers of one input from one GEMM (``stacked``), and a linear layer whose GEMM runs on an
-output width padded to a multiple of N (``PaddedLinear``, the ``gemm_pad`` switch)."""
+output width padded to a multiple of N (``PaddedLinear``, the ``gemm_pad`` switch), and one
+whose three matmuls run in float8 (``Float8Linear``, the ``fp8`` switch)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import fp8_linear as fp8
+from ..kernels.fp8_linear import ALIGN as FP8_ALIGN, LARGE as FP8_LARGE, fp8_linear
 
 
 class PaddedLinear(nn.Linear):
@@ -36,6 +37,17 @@ class PaddedLinear(nn.Linear):
         return super().extra_repr() + f", padded={self.padded}"
 
 
+class Float8Linear(nn.Linear):
+    """An ``nn.Linear`` whose forward runs ``kernels.fp8_linear.fp8_linear``: same parameters, same state dict.
+
+    The fp8 technique turns a model's ``nn.Linear`` layers into this class in place
+    (``module.__class__``), so optimizers, hooks and checkpoints see the same module.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_linear(x, self.weight, self.bias)
+
+
 def linear(layer: nn.Linear, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
     """``layer(x)``; with ``bias=False`` without the bias, which a fused kernel adds instead: the
     layer's own matmul, in float8 where the fp8 technique made it a ``Float8Linear``, on padded
@@ -44,8 +56,8 @@ def linear(layer: nn.Linear, x: torch.Tensor, bias: bool = True) -> torch.Tensor
         return layer(x)
     if isinstance(layer, PaddedLinear):
         return layer.matmul(x, bias=False)
-    if isinstance(layer, fp8.Float8Linear):
-        return fp8.fp8_linear(x, layer.weight, None)
+    if isinstance(layer, Float8Linear):
+        return fp8_linear(x, layer.weight, None)
     return F.linear(x, layer.weight)
 
 

@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_reference
+from .fused import FusedPath
 
 
-class LMHeadLoss(nn.Module):
+class LMHeadLoss(FusedPath, nn.Module):
     """No parameters of its own: the model passes its head's weight at every call."""
 
     fused_kind = "loss"

@@ -23,8 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fused import FusedPath
 
-class GroupNorm(nn.GroupNorm):
+
+class GroupNorm(FusedPath, nn.GroupNorm):
     """``nn.GroupNorm``, followed by SiLU when ``silu``. ``forward(x, x_bias)`` normalizes
     ``x + x_bias``; ``x_bias_from`` names what its callers hand it (the fused path says so)."""
 
@@ -46,6 +48,17 @@ class GroupNorm(nn.GroupNorm):
         adding it: on the fused path, where ``x + x_bias`` is never written."""
         return self.fused and self.x_bias_from is not None
 
+    def shared_input(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as one buffer where this norm's kernels and another reader share it (a ResNet
+        block's input feeds norm1 and the shortcut): under torch.compile Inductor would otherwise
+        write a copy of ``x`` for each kernel. Frozen inputs only (``realized`` is a prim without
+        a backward); elsewhere, and on the plain path, ``x`` itself."""
+        if not self.fused or (torch.is_grad_enabled() and x.requires_grad):
+            return x
+        from ..kernels._triton import realized
+
+        return realized(x)
+
     def forward(self, x: torch.Tensor, x_bias: torch.Tensor | None = None) -> torch.Tensor:
         """GroupNorm (+ SiLU) of ``x + x_bias``; x_bias is (channels,) or (batch, channels).
         The fused kernels add it in fp32; the plain path rounds ``x + x_bias`` to x's dtype
@@ -64,7 +77,7 @@ class GroupNorm(nn.GroupNorm):
         return super().extra_repr() + (", silu" if self.silu else "")
 
 
-class _FusedNorm:
+class _FusedNorm(FusedPath):
     """What LayerNorm and RMSNorm share: the switch, and the dtype their fused kernels write."""
 
     feeds_matmul: bool

@@ -14,8 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fused import FusedPath
 
-class PatchEmbed(nn.Conv2d):
+
+class PatchEmbed(FusedPath, nn.Conv2d):
     """``Conv2d(channels, dim, patch, stride=patch)`` with :meth:`tokens` → (B, H/p, W/p, dim)."""
 
     fused_kind = "patch"

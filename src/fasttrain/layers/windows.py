@@ -1,25 +1,114 @@
-"""Swin's window bookkeeping on a (B, H, W, C) token map, in plain PyTorch: the cyclic shift and
-the partition into windows, and their inverses. The Swin model's plain path runs them; the
-window-attention kernel's reference (``kernels/window_attention.py``) composes them."""
+"""Swin's window attention: multi-head attention within the windows of a (B, H, W, C) token
+map, with the learned relative position bias and, for shifted windows, the shift mask.
+
+Plain: roll, partition into windows, SDPA with bias and mask as one additive mask, reverse, roll
+back (``kernels/windows.py``'s bookkeeping). Fused (``kernels=window``): the map-mode Triton
+kernel (``kernels/window_attention.py``) finds each window's tokens by address and adds bias and
+mask inside, one kernel each way, straight from the qkv projection. Parameter names follow the
+official Swin (and timm): ``qkv``, ``proj``, ``relative_position_bias_table``.
+"""
 from __future__ import annotations
 
+import itertools
+
 import torch
+from torch import nn
+
+from ..kernels.windows import cyclic_shift, window_partition, window_reverse
+from .attention import attention
+from .fused import FusedPath
+from .linear import linear
+
+MASKED = -100.0  # timm's value: exp(-100) underflows to 0 after softmax, yet stays finite in bf16
+
+__all__ = ["MASKED", "WindowAttention", "cyclic_shift", "relative_position_index", "shift_mask",
+           "window_partition", "window_reverse"]
 
 
-def window_partition(x: torch.Tensor, window: int) -> torch.Tensor:
-    """(B, H, W, C) → (B·nW, window², C); windows row-major within each image."""
-    B, H, W, C = x.shape
-    x = x.view(B, H // window, window, W // window, window, C)
-    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, window * window, C)
+def relative_position_index(window: int) -> torch.Tensor:
+    """(N, N) row of the bias table for each (query, key) pair of a window, N = window²."""
+    coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window),
+                                        indexing="ij")).flatten(1)  # (2, N)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)  # (N, N, 2)
+    return rel[..., 0] * (2 * window - 1) + rel[..., 1]
 
 
-def window_reverse(windows: torch.Tensor, window: int, H: int, W: int) -> torch.Tensor:
-    """(B·nW, window², C) → (B, H, W, C): the inverse of :func:`window_partition`."""
-    C = windows.shape[-1]
-    x = windows.view(-1, H // window, W // window, window, window, C)
-    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
+def shift_mask(res: int, window: int, shift: int) -> torch.Tensor:
+    """(nW, N, N) additive mask: 0 within a region of the shifted map, ``MASKED`` across.
+
+    After the roll, the last ``shift`` rows/columns hold tokens from the opposite edge; the
+    three slices per axis label the 3x3 regions, and only same-region pairs were neighbours.
+    """
+    labels = torch.zeros(1, res, res, 1)
+    cuts = (slice(0, -window), slice(-window, -shift), slice(-shift, None))
+    for region, (h, w) in enumerate(itertools.product(cuts, cuts)):
+        labels[:, h, w, :] = region
+    win = window_partition(labels, window).squeeze(-1)  # (nW, N)
+    differ = win.unsqueeze(1) != win.unsqueeze(2)  # (nW, N, N)
+    return torch.zeros(differ.shape).masked_fill(differ, MASKED)
 
 
-def cyclic_shift(x: torch.Tensor, shift: int) -> torch.Tensor:
-    """Roll (B, H, W, C) up-left by ``shift`` tokens; ``-shift`` undoes it."""
-    return torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
+class WindowAttention(FusedPath, nn.Module):
+    """Multi-head attention within the windows of a (B, H, W, C) map rolled up-left by
+    ``shift``, with the learned relative position bias (and the shift mask).
+
+    Plain: roll, partition, SDPA over (B·nW, heads, N, D) with the bias (and mask) as a
+    materialised additive mask, reverse, roll back. Fused (``kernels=window``):
+    ``kernels.map_window_attention``, one Triton kernel each way straight from the qkv
+    projection of the map, which finds each window's tokens by address (no roll, partition or
+    reverse in memory) and adds bias and mask inside (windows up to ``MAX_TOKENS`` tokens)."""
+
+    fused_kind, fused_triton, replaces_sdpa = "window", True, True
+    attention_name = "window attention"
+
+    def __init__(self, dim: int, heads: int, window: int, shift: int = 0):
+        super().__init__()
+        self.heads, self.window, self.shift, self.fused = heads, window, shift, False
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, heads))
+        self.register_buffer("relative_position_index", relative_position_index(window),
+                             persistent=False)
+
+    def use_fused(self, on: bool) -> list[str]:
+        from ..kernels.window_attention import MAX_TOKENS  # Triton: imported only where used
+
+        N = self.relative_position_index.shape[0]
+        if on and N > MAX_TOKENS:
+            return [f"window attention of {N} tokens kept on SDPA (Triton tile: ≤ {MAX_TOKENS})"]
+        self.fused = on
+        return ["window attention with bias, mask, shift and partition in one Triton kernel"]
+
+    def position_bias(self) -> torch.Tensor:
+        N = self.relative_position_index.shape[0]
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+        # Contiguous: SDPA's fused kernels need the mask's last dim at stride 1; the permuted
+        # view (stride = heads) sent every unshifted block to the math kernel.
+        return bias.view(N, N, self.heads).permute(2, 0, 1).contiguous().unsqueeze(0)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                proj_bias: bool = True) -> torch.Tensor:
+        """``proj_bias=False`` leaves the output projection's bias out, for the caller to add."""
+        if self.fused:  # x (B, H, W, C), mask (nW, N, N) for one image's windows
+            from ..kernels.window_attention import map_window_attention
+
+            out = map_window_attention(self.qkv(x), self.position_bias()[0], mask, self.heads,
+                                       self.window, self.shift)
+            return linear(self.proj, out, bias=proj_bias)
+        B, H, W, C = x.shape
+        win = window_partition(cyclic_shift(x, self.shift) if self.shift else x, self.window)
+        x = window_reverse(self._windows(win, mask, proj_bias), self.window, H, W)
+        return cyclic_shift(x, -self.shift) if self.shift else x
+
+    def _windows(self, x: torch.Tensor, mask: torch.Tensor | None,
+                 proj_bias: bool = True) -> torch.Tensor:
+        Bw, N, C = x.shape  # (B·nW, N, C)
+        qkv = self.qkv(x).view(Bw, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        bias = self.position_bias()
+        if mask is not None:  # mask (nW, N, N)
+            # Windows of one image repeat every nW along the batch, which no stride-0
+            # broadcast expresses and fused SDPA kernels take 4-D inputs only, so the bias is
+            # materialised: the size of the attention matrix eager attention keeps anyway.
+            bias = (bias + mask.unsqueeze(1)).repeat(Bw // mask.shape[0], 1, 1, 1)
+        out = attention(*qkv.unbind(0), bias=bias).transpose(1, 2).reshape(Bw, N, C)
+        return linear(self.proj, out, bias=proj_bias)

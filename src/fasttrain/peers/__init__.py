@@ -10,7 +10,9 @@ The caller adds ``env``.
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from typing import Any, Callable
+
+from ..measure.rows import blank_row
 
 # workload → (module, default peer recipe, what it is)
 PEERS: dict[str, tuple[str, str, str]] = {
@@ -21,13 +23,6 @@ PEERS: dict[str, tuple[str, str, str]] = {
     # TARGETS.md: Liger's kernels fail under torch.compile, so its peer runs eager.
     "llama-liger": ("hf_llama_peer", "bf16", "the llama peer + Liger-Kernel (rope, rms_norm, swiglu, FLCE)"),
 }
-
-ROW_KEYS = (
-    "kind", "peer", "workload", "size", "rung", "recipe", "batch", "steps", "step_time_s",
-    "step_time_min_s", "step_time_max_s", "throughput", "throughput_unit", "peak_allocated_gib",
-    "peak_reserved_gib", "model_flops", "tflops", "mfu", "warmup_s", "losses", "parity",
-    "applied", "error", "step_times_s", "spread",
-)
 
 
 def list_peers() -> dict[str, str]:
@@ -64,10 +59,9 @@ def run_peer(workload: str, size: str = "base", batch: int | None = None, steps:
     peer_recipe = peer_recipe or (PEERS[workload][1] if workload in PEERS else "bf16+compile")
     if size == "tiny":  # the ladder's size name for the miniature
         size, tiny = "base", True
-    row = dict.fromkeys(ROW_KEYS)
-    row.update(kind="peer", peer=f"{workload} {peer_recipe}", workload=workload,
-               size="tiny" if tiny else size, rung=f"peer {peer_recipe}", batch=batch, steps=steps,
-               applied={}, recipe={"peer_recipe": peer_recipe})
+    row = blank_row("peer", workload, "tiny" if tiny else size, f"peer {peer_recipe}",
+                    peer=f"{workload} {peer_recipe}", batch=batch, steps=steps, applied={},
+                    recipe={"peer_recipe": peer_recipe})
     try:
         if workload not in PEERS:
             raise ValueError(f"unknown peer workload {workload!r} (known: {', '.join(PEERS)})")
@@ -118,3 +112,11 @@ def _recipe_dict(recipe, spec, device, compile_: bool, warmup: int, seed: int) -
     if spec.ema_decay is not None:
         out["ema"] = {"decay": spec.ema_decay, "foreach_lerp": recipe.foreach_ema}
     return out
+
+
+def peer_job(spec: Any) -> dict:
+    """The ladder's peer rung in a fresh process: ``spec`` is the ``run.child.ChildSpec`` of job
+    ``fasttrain.peers:peer_job``; the workload's default peer recipe at ``spec.batch``."""
+    return run_peer(spec.workload, size=spec.size, batch=spec.batch, steps=spec.steps,
+                    warmup=spec.warmup, device=spec.device,
+                    peer_recipe=spec.recipe.get("peer_recipe"))

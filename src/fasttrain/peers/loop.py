@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..run.steadiness import spread
+from ..measure.steadiness import spread
 
 LR, WEIGHT_DECAY = 1e-4, 1e-2  # HF text-to-image defaults; speed does not depend on them
 GIB = 2**30
@@ -110,7 +110,7 @@ def autocast(recipe: PeerRecipe, device: torch.device):
 def count_flops(spec: PeerSpec, recipe: PeerRecipe, device: torch.device) -> int:
     """FLOPs of one forward+backward of the eager model (one extra, untimed step; grads zeroed)."""
     try:
-        from ..flops import flop_counter, gqa_flop_formulas
+        from ..measure.flops import flop_counter, gqa_flop_formulas
 
         with gqa_flop_formulas(), flop_counter() as counter:
             with autocast(recipe, device):
@@ -204,8 +204,8 @@ def timed_loop(step: Callable, steps: int, warmup: int, device: torch.device) ->
 
 
 def peak_flops(device: torch.device) -> float | None:
-    """Dense bf16 peak of the device (the table in fasttrain.env); None on CPU or unknown GPUs."""
-    from ..env import device_peak
+    """Dense bf16 peak of the device (the table in fasttrain.measure.env); None on CPU or unknown GPUs."""
+    from ..measure.env import device_peak
 
     return device_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 

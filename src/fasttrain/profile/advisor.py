@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ..errors import FasttrainError
-from ..ladder.rungs import default_workers
+from ..techniques.dataloader import default_workers
 from ..recipe import Recipe
 
 

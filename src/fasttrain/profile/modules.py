@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..run.loop import Observer
-from ..run.timer import elapsed, timestamp
+from ..measure.timer import elapsed, timestamp
 from ..techniques.base import TrainState
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ..env import environment
+from ..measure.env import environment
+from ..measure.rows import make_row
 from ..recipe import Recipe
 from ..run.loop import train
 from ..workloads.base import Workload
@@ -64,8 +65,7 @@ def run_profile(workload: Workload, recipe: Recipe, device: str, steps: int = 10
     plain_step, plain_phases = _window(res, 0, n)
     hooked_step, hooked_phases = _window(res, n, 2 * n, avg=statistics.fmean)
     module_s = res.observed["modules"].get("module_s", {})
-    profile = {
-        "kind": "profile", "workload": workload.name, "size": workload.size,
+    profile = make_row("profile", workload.name, workload.size, None, **{
         "recipe": recipe.to_dict(), "device": device.split(":")[0], "batch": res.batch,
         "step_time_s": plain_step, "phases_s": plain_phases,
         "throughput": res.throughput * res.step_time_s / plain_step,
@@ -79,6 +79,6 @@ def run_profile(workload: Workload, recipe: Recipe, device: str, steps: int = 10
         "compile": res.compile, "warmup_s": res.warmup_s, "model_flops": res.model_flops,
         "mfu": res.mfu, "applied": res.applied, "warnings": res.warnings,
         "compile_scope": getattr(workload, "compile_scope", "model"),
-        "losses": res.losses, "error": None, "env": environment(device)}
+        "losses": res.losses, "error": None, "env": environment(device)})
     profile["findings"] = [f.to_dict() for f in advise(profile, recipe)]
     return profile

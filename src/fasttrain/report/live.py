@@ -1,7 +1,10 @@
-"""The ladder's terminal view: the table grows row by row under a spinner naming the rung."""
+"""The ladder's terminal view: the table grows row by row under a spinner naming the rung.
+
+It renders rows a runner hands it; it never runs anything itself."""
 from __future__ import annotations
 
 import time
+from typing import Any, Callable
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -17,12 +20,16 @@ def default_console() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
-def run_with_progress(spec, console: Console | None = None) -> list[dict]:
-    from ..ladder.runner import run_ladder
+Runner = Callable[[Callable[[dict, int, int], None], Callable[[str, int, int], None]], Any]
+"""Runs the work, calling ``on_row(row, i, total)`` for each finished row and
+``on_start(name, i, total)`` as each rung starts (``ladder.runner.run_ladder``'s hooks)."""
 
+
+def show_progress(run: Runner, title: str, console: Console | None = None) -> list[dict]:
+    """Call ``run`` with hooks that grow the table under a spinner; the rows it reported.
+    The view only renders: what runs is the caller's."""
     console = console or default_console()
     rows: list[dict] = []
-    title = f"fasttrain ladder · {spec.workload} {spec.size} · {spec.device}"
     status = {"text": "starting", "t0": time.perf_counter()}
 
     def render():
@@ -39,6 +46,6 @@ def run_with_progress(spec, console: Console | None = None) -> list[dict]:
             rows.append(row)
             live.update(render())
 
-        run_ladder(spec, on_row=on_row, on_start=on_start)
+        run(on_row, on_start)
     console.print(rich_table(rows, title=title))
     return rows

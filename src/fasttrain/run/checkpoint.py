@@ -9,7 +9,6 @@ resumed run sees the batches the uninterrupted run would have.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -18,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from ..distributed import env as dist_env
 from ..errors import FasttrainError
+from ..measure.files import write_atomic
 from ..techniques.base import TrainState
 
 META = "fasttrain.json"
@@ -64,9 +64,7 @@ def save(state: TrainState, folder: str | Path, step: int) -> Path:
         meta = {"step": step, "recipe": state.recipe.to_dict(),
                 "scheduler": state.scheduler.state_dict() if state.scheduler else None,
                 "world": dist_env.current().world}
-        tmp = folder / f".{META}.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, folder / META)
+        write_atomic(folder / META, json.dumps(meta))
     dist_env.barrier("checkpoint save", state.recipe.dist_timeout)
     return folder
 

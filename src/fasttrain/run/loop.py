@@ -15,23 +15,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-from ..env import device_peak
+from ..measure.env import device_peak
 from ..errors import FasttrainError
-from ..flops import flop_counter, gqa_flop_formulas
+from ..measure.flops import flop_counter, gqa_flop_formulas
 from ..recipe import Recipe
-from ..techniques import TrainState, apply_all, unmet_requirements
 from ..distributed import env as dist_env
-from ..techniques import allocator, init
-from ..techniques import attention as attn
-from ..techniques.compile import graph_stats, limit_warning, save_cache
+from ..techniques import (TrainState, apply_after_probe, apply_before_probe, build_model,
+                          finish_all, prepare_process, probe_contexts, unmet_requirements)
 from ..workloads.base import Batch, Workload
 from . import checkpoint
 from .data import DevicePrefetcher, HostBatches, SlotPrefetcher, make_loader, to_device
 from .graphs import GraphedStep
-from .timer import PhaseTimer
-from .steadiness import spread
+from ..measure.timer import PhaseTimer
+from ..measure.steadiness import spread
 
 GIB = 1024 ** 3
 
@@ -83,33 +80,28 @@ def _seed(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def _probe_step(state: TrainState, batch: Batch, count: int, count_flops: bool):
-    reasons = attn.FallbackReasons(state.recipe.attention)
+def _probe_step(state: TrainState, batch: Batch, count: int, count_flops: bool) -> float | None:
     flops = flop_counter() if count_flops else contextlib.nullcontext()
     try:
-        with gqa_flop_formulas(), flops, profile(activities=[ProfilerActivity.CPU]) as prof:
-            with reasons, state.step_context():
+        with gqa_flop_formulas(), flops, probe_contexts(state):
+            with state.step_context():
                 loss = state.workload.loss(state.model, batch) / count
             loss.backward()
     finally:
         for p in state.model.parameters():
             p.grad = None
-    return (float(flops.get_total_flops()) if count_flops else None), prof, reasons
+    return float(flops.get_total_flops()) if count_flops else None
 
 
-def _probe(state: TrainState, batch: Batch, count: int) -> tuple[float | None, str]:
-    """One eager forward+backward: model FLOPs and the attention kernels that ran."""
+def _probe(state: TrainState, batch: Batch, count: int) -> float | None:
+    """One eager forward+backward: model FLOPs, and what the techniques' probe hooks record
+    (the attention kernels that ran)."""
     try:
-        flops, prof, reasons = _probe_step(state, batch, count, count_flops=True)
+        return _probe_step(state, batch, count, count_flops=True)
     except (AssertionError, NotImplementedError) as err:  # a FLOP formula this torch lacks
         state.warn("flops", f"FLOP counting failed ({str(err)[:80]}); TFLOP/s from the ladder's "
                    "baseline where there is one")
-        flops, prof, reasons = _probe_step(state, batch, count, count_flops=False)
-    line, fell_back = attn.verdict(state.recipe.attention, attn.kernels_from_profile(prof),
-                                   reasons.reasons)
-    if fell_back:
-        state.warn("attention", line)
-    return flops, line
+        return _probe_step(state, batch, count, count_flops=False)
 
 
 class _Stepper:
@@ -196,9 +188,9 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
     unmet = unmet_requirements(recipe, device.type)
     if unmet:
         raise FasttrainError("; ".join(unmet))
-    late = allocator.configure(recipe)
+    late = prepare_process(recipe)
     _seed(recipe.seed)
-    model = init.build_model(workload, recipe, device)
+    model = build_model(workload, recipe, device)
     model.train()
     # Before any collective (DDP's constructor syncs shapes): a rank that never got here is
     # named, instead of a generic collective timeout.
@@ -213,16 +205,15 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
                        micro_batch=batch // (recipe.accumulation * world), total_steps=total_steps)
     if late:
         state.warn("allocator", late)
-    apply_all(state, upto=attn.TECHNIQUE.phase)  # layout, precision, attention backend
+    apply_before_probe(state)  # layout, precision, stream, attention backend
     dataset = workload.dataset()
     probe_batch = to_device(workload.collate(
         [dataset[i % len(dataset)] for i in range(state.micro_batch)]), device, False)
-    flops, line = _probe(state, probe_batch, workload.count(probe_batch))
+    flops = _probe(state, probe_batch, workload.count(probe_batch))
     del probe_batch
     if device.type == "cuda":  # the probe ran before checkpointing and compile: hand its
         torch.cuda.empty_cache()  # cached blocks back, or they stay in the run's reserved peak
-    state.applied["attention"] = f"{state.applied.get('attention', '')}; {line}".lstrip("; ")
-    apply_all(state, after=attn.TECHNIQUE.phase)  # compile, optimizer, EMA, loader, graphs
+    apply_after_probe(state)  # fused paths, compile, sharding, optimizer, EMA, loader, graphs
     return state, dataset, (flops * recipe.accumulation * world if flops else None)
 
 
@@ -274,9 +265,6 @@ def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
         dist_env.barrier("start of training", recipe.dist_timeout)
         res = _measure(state, dataset, flops, steps, warmup, observers, start)
         res.observed = {obs.name: obs.report() for obs in observers}
-        saved = save_cache(state)
-        if saved:
-            res.applied["compile"] = f"{res.applied.get('compile', '')}; {saved}".lstrip("; ")
         if save_to:
             checkpoint.save(state, save_to, start + warmup + steps)
         dist_env.barrier("end of training", recipe.dist_timeout)
@@ -331,6 +319,7 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
         warmup_s = 0.0
     if state.ema is not None:
         state.ema.synchronize()
+    finish_all(state)  # the techniques' finish hooks (compile's counters and cache)
     totals, phases = timer.results(skip=warmup)
     # Items per second: with varying counts (padding), all timed items over all timed time.
     rate = count / statistics.median(totals) if wl.constant_count else \
@@ -340,9 +329,6 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
 
 def _summarise(state, totals, phases, losses, flops, warmup_s, host_wait, rate) -> RunResult:
     dev, wl = state.device, state.workload
-    stats = graph_stats(state.compile_baseline) if state.recipe.compile != "none" else None
-    if limit_warning(stats):
-        state.warn("compile", limit_warning(stats))
     med = statistics.median(totals)
     peak = device_peak(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else None
     tflops = flops / med / 1e12 if flops else None
@@ -362,5 +348,5 @@ def _summarise(state, totals, phases, losses, flops, warmup_s, host_wait, rate) 
         losses=[float(x) for x in dist_env.sum_tensor(torch.stack(losses).float()).cpu()],
         phases_s={k: statistics.median(v) for k, v in phases.items()},
         data_wait_host_s=host_wait, applied=dict(state.applied), warnings=list(state.warnings),
-        compile=stats,
+        compile=state.compile_stats,
         step_times_s=list(totals), phase_steps_s=phases, spread=spread(totals))

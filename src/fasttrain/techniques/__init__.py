@@ -27,10 +27,15 @@ Order and why:
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 
+import torch
+from torch import nn
+
 from ..recipe import Recipe
-from .base import Technique, TrainState
+from ..workloads.base import Workload
+from .base import Phase, Technique, TrainState
 
 _MODULES = ("init", "allocator", "channels_last", "precision", "stream",
             "attention", "kernels", "fp8", "gemm_pad",
@@ -55,6 +60,12 @@ def unmet_requirements(recipe: Recipe, device_type: str) -> list[str]:
     return out
 
 
+PROBE_AFTER = Phase.ATTENTION
+"""The eager probe step (model FLOPs, which attention kernels ran) runs after this phase: on the
+model as built, in its precision and layout, before fused kernels, fp8, padding, checkpointing
+and compile change how it computes (model FLOPs are the plain model's)."""
+
+
 def apply_all(state: TrainState, after: int = -1, upto: int = 1000) -> TrainState:
     """Apply the active techniques whose phase lies in (after, upto], in order."""
     for tech in registry():
@@ -65,4 +76,48 @@ def apply_all(state: TrainState, after: int = -1, upto: int = 1000) -> TrainStat
     return state
 
 
-__all__ = ["Technique", "TrainState", "apply_all", "registry", "unmet_requirements"]
+def apply_before_probe(state: TrainState) -> TrainState:
+    """Layout, precision, the residual stream and the attention backend: what the probe sees."""
+    return apply_all(state, upto=PROBE_AFTER)
+
+
+def apply_after_probe(state: TrainState) -> TrainState:
+    """Fused paths, compile, sharding, optimizer, EMA, loader, graphs."""
+    return apply_all(state, after=PROBE_AFTER)
+
+
+def probe_contexts(state: TrainState) -> contextlib.ExitStack:
+    """Enter the probe hooks of the active techniques, for one probe step; each records what it
+    saw when the stack closes without an error."""
+    stack = contextlib.ExitStack()
+    for tech in registry():
+        if tech.probe is not None and tech.active(state.recipe):
+            stack.enter_context(tech.probe(state))
+    return stack
+
+
+def finish_all(state: TrainState) -> None:
+    """Run the finish hooks of the active techniques, after the timed steps."""
+    for tech in registry():
+        if tech.finish is not None and tech.active(state.recipe):
+            tech.finish(state)
+
+
+def prepare_process(recipe: Recipe) -> str | None:
+    """What must happen before the process's first CUDA allocation (the allocator's settings);
+    a warning where it came too late."""
+    from . import allocator
+
+    return allocator.configure(recipe)
+
+
+def build_model(workload: Workload, recipe: Recipe, device: torch.device) -> nn.Module:
+    """The workload's model, built the way the recipe's ``init`` asks."""
+    from . import init
+
+    return init.build_model(workload, recipe, device)
+
+
+__all__ = ["PROBE_AFTER", "Phase", "Technique", "TrainState", "apply_after_probe", "apply_all",
+           "apply_before_probe", "build_model", "finish_all", "prepare_process", "probe_contexts",
+           "registry", "unmet_requirements"]

@@ -6,7 +6,7 @@ big batch (exactly in fp32 up to summation order).
 """
 from __future__ import annotations
 
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 
 def apply(state: TrainState) -> str:
@@ -15,5 +15,5 @@ def apply(state: TrainState) -> str:
 
 
 TECHNIQUE = Technique(
-    name="accumulation", phase=95, summary="k micro-batches per optimizer step",
+    name="accumulation", phase=Phase.ACCUMULATION, summary="k micro-batches per optimizer step",
     changes_numerics=False, apply=apply, active=lambda r: r.accumulation > 1)

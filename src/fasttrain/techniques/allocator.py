@@ -14,7 +14,7 @@ import os
 import torch
 
 from ..recipe import Recipe
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 ENV = "PYTORCH_CUDA_ALLOC_CONF"
 SETTING = "expandable_segments:True"
@@ -55,5 +55,5 @@ def apply(state: TrainState) -> str | None:
 
 
 TECHNIQUE = Technique(
-    name="allocator", phase=1, summary="CUDA allocator: expandable segments",
+    name="allocator", phase=Phase.ALLOCATOR, summary="CUDA allocator: expandable segments",
     changes_numerics=False, apply=apply, active=lambda r: r.allocator != "default")

@@ -9,17 +9,20 @@ with the reason SDPA gives where it gives one.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections import Counter
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
+from torch.profiler import ProfilerActivity, profile
 
 from ..layers.attention import GEMM_EVENT
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 BACKENDS = {
     "math": SDPBackend.MATH,
@@ -115,6 +118,21 @@ def verdict(choice: str, seen: Counter, reasons: dict) -> tuple[str, bool]:
     return f"ran {ran}", False
 
 
+@contextlib.contextmanager
+def probe(state: TrainState) -> Iterator[None]:
+    """Around the probe step: which SDPA kernels ran (a CPU profile of the ops) and why flash
+    or efficient refused a call; on a clean exit, one line in ``applied`` and a warning where
+    the recipe's backend fell back to math."""
+    reasons = FallbackReasons(state.recipe.attention)
+    with profile(activities=[ProfilerActivity.CPU]) as prof, reasons:
+        yield
+    line, fell_back = verdict(state.recipe.attention, kernels_from_profile(prof), reasons.reasons)
+    if fell_back:
+        state.warn("attention", line)
+    state.applied["attention"] = f"{state.applied.get('attention', '')}; {line}".lstrip("; ")
+
+
 TECHNIQUE = Technique(
-    name="attention", phase=30, summary="SDPA backend selection with a check of what ran",
-    changes_numerics=False, apply=apply, active=lambda r: True)
+    name="attention", phase=Phase.ATTENTION,
+    summary="SDPA backend selection with a check of what ran", changes_numerics=False,
+    apply=apply, active=lambda r: True, probe=probe)

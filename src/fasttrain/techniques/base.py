@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -12,19 +13,56 @@ from ..recipe import Recipe
 from ..workloads.base import Workload
 
 
+class Phase(IntEnum):
+    """Where a technique runs in the fixed order (``techniques/__init__.py`` says why each comes
+    where it does); lower runs first."""
+
+    INIT = 0
+    ALLOCATOR = 1
+    CHANNELS_LAST = 10
+    PRECISION = 20
+    STREAM = 21
+    ATTENTION = 30
+    KERNELS = 32
+    FP8 = 33
+    GEMM_PAD = 34
+    CHECKPOINTING = 35
+    COMPILE = 40
+    SHARDING = 50
+    OPTIMIZER = 60
+    EMA = 70
+    DATALOADER = 80
+    PADDING = 82
+    CUDA_GRAPHS = 90
+    GRAPH_MEMSETS = 91
+    ACCUMULATION = 95
+
+
 @dataclass(frozen=True)
 class Technique:
     """A method card (composer style) plus the function that does the work."""
 
     name: str
-    phase: int  # position in techniques.ORDER; lower runs first
+    """The recipe switch it serves (a ``Recipe`` field), and its key in a row's ``applied``."""
+    phase: Phase
     summary: str
+    """One line: what it does."""
     changes_numerics: bool
+    """False: the loss is unchanged up to fp32 summation order (tight parity); True: it may
+    move within the precision's tolerance (bf16 rounding, float8, another kernel's order)."""
     apply: Callable[["TrainState"], str | None]
-    requires: tuple[str, ...] = ()  # "cuda"
-    active: Callable[[Recipe], bool] = lambda r: True  # does this recipe ask for it at all
-    # why this recipe's use of it cannot run on a device type (beyond ``requires``), or None
+    """Does the work on the state; returns what it did in words (None: nothing to report)."""
+    requires: tuple[str, ...] = ()
+    """What it cannot run without: ``"cuda"``."""
+    active: Callable[[Recipe], bool] = lambda r: True
+    """Whether this recipe asks for it at all."""
     unmet: Callable[[Recipe, str], str | None] = lambda r, device_type: None
+    """Why this recipe's use of it cannot run on a device type (beyond ``requires``), or None."""
+    probe: Callable[["TrainState"], ContextManager] | None = None
+    """A context around the eager probe step (one forward + backward of the model as built,
+    before fused paths and compile) that records what it saw when it exits."""
+    finish: Callable[["TrainState"], None] | None = None
+    """Runs after the timed steps (compile: its counters, its cache saved)."""
 
 
 @dataclass
@@ -42,6 +80,7 @@ class TrainState:
     zero1: bool = False  # the optimizer is wrapped in ZeroRedundancyOptimizer
     no_sync: Callable[[], ContextManager] | None = None  # skip gradient reduction (accumulation)
     compile_baseline: dict[str, int] = field(default_factory=dict)  # dynamo counters before
+    compile_stats: dict[str, int] | None = None  # this run's graphs, breaks, recompiles
     step_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
     optimizer: torch.optim.Optimizer | None = None
     scheduler: Any = None  # torch.optim.lr_scheduler, stepped after every optimizer step

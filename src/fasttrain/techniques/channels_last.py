@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from ..layers.conv import as_gemm, fits_gemm
-from .base import Technique, TrainState
+from ..layers.fused import ImageInput
+from .base import Phase, Technique, TrainState
 
 
 def apply(state: TrainState) -> str | None:
@@ -24,7 +25,7 @@ def apply(state: TrainState) -> str | None:
         return None
     state.model.to(memory_format=torch.channels_last)
     for m in state.model.modules():  # models convert their image inputs when asked
-        if hasattr(m, "channels_last"):
+        if isinstance(m, ImageInput):
             m.channels_last = True
     gemms = Counter(as_gemm(m) for m in convs if fits_gemm(m))
     as_gemms = "".join(f"; {what} as a gather + GEMM ×{n}" for what, n in sorted(gemms.items()))
@@ -32,5 +33,5 @@ def apply(state: TrainState) -> str | None:
 
 
 TECHNIQUE = Technique(
-    name="channels_last", phase=10, summary="NHWC memory format for convolutions",
+    name="channels_last", phase=Phase.CHANNELS_LAST, summary="NHWC memory format for convolutions",
     changes_numerics=False, apply=apply, active=lambda r: r.channels_last)

@@ -19,7 +19,7 @@ from torch.nn.attention import _cur_sdpa_kernel_backends, sdpa_kernel
 from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 # Ops whose outputs selective checkpointing keeps: the expensive ones to recompute.
 _SAVE = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
@@ -81,5 +81,5 @@ def apply(state: TrainState) -> str | None:
 
 
 TECHNIQUE = Technique(
-    name="checkpointing", phase=35, summary="activation checkpointing: full | selective",
+    name="checkpointing", phase=Phase.CHECKPOINTING, summary="activation checkpointing: full | selective",
     changes_numerics=False, apply=apply, active=lambda r: r.checkpointing != "none")

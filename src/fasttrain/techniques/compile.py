@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 
 def _recompile_limit_attr() -> str:
@@ -96,8 +96,8 @@ def _inductor_switches(state: TrainState) -> str:
 def cache_file(state: TrainState) -> Path:
     """The compile cache of this run: one file per workload, batch, recipe, torch, triton and
     GPU (compiled kernels are specific to all of them)."""
-    from ..env import software
-    from ..workloads.data import cache_root
+    from ..measure.env import software
+    from ..measure.files import cache_root
 
     key = {"workload": state.workload.describe(), "micro_batch": state.micro_batch,
            "recipe": state.recipe.to_dict(), **software(state.device)}
@@ -138,7 +138,7 @@ def save_cache(state: TrainState) -> str | None:
         state.warn("compile", "compile cache: torch.compile reported nothing to save")
         return None
     data, info = got
-    from ..ladder.child import write_atomic
+    from ..measure.files import write_atomic
 
     path = cache_file(state)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,6 +169,17 @@ def limit_warning(stats: dict[str, int] | None) -> str | None:
             "later shapes ran eager; if batch shapes vary, pad them (pad_multiple)")
 
 
+def finish(state: TrainState) -> None:
+    """After the timed steps: dynamo's counters for this run (a warning where it gave up on a
+    function), and the compile cache saved where the recipe asks."""
+    state.compile_stats = graph_stats(state.compile_baseline)
+    if limit_warning(state.compile_stats):
+        state.warn("compile", limit_warning(state.compile_stats))
+    saved = save_cache(state)
+    if saved:
+        state.applied["compile"] = f"{state.applied.get('compile', '')}; {saved}".lstrip("; ")
+
+
 TECHNIQUE = Technique(
-    name="compile", phase=40, summary="torch.compile: whole model | regional blocks",
-    changes_numerics=False, apply=apply, active=lambda r: r.compile != "none")
+    name="compile", phase=Phase.COMPILE, summary="torch.compile: whole model | regional blocks",
+    changes_numerics=False, apply=apply, active=lambda r: r.compile != "none", finish=finish)

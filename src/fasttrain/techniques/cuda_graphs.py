@@ -8,7 +8,7 @@ run/graphs.py; this card checks and records.
 from __future__ import annotations
 
 from ..errors import FasttrainError
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 
 def apply(state: TrainState) -> str:
@@ -26,5 +26,5 @@ def apply(state: TrainState) -> str:
 
 
 TECHNIQUE = Technique(
-    name="cuda_graphs", phase=90, summary="whole-step CUDA graph capture and replay",
+    name="cuda_graphs", phase=Phase.CUDA_GRAPHS, summary="whole-step CUDA graph capture and replay",
     changes_numerics=False, apply=apply, requires=("cuda",), active=lambda r: r.cuda_graphs)

@@ -6,7 +6,16 @@ worker count, because augmentation randomness is keyed on (seed, epoch, index).
 """
 from __future__ import annotations
 
-from .base import Technique, TrainState
+import os
+
+from .base import Phase, Technique, TrainState
+
+
+def default_workers() -> int:
+    """Enough loader processes to feed a GPU without starving the training process."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(12, (cpus or 2) - 2))
+
 
 
 def apply(state: TrainState) -> str:
@@ -41,5 +50,5 @@ def apply(state: TrainState) -> str:
 
 
 TECHNIQUE = Technique(
-    name="dataloader", phase=80, summary="DataLoader workers, pin_memory, non_blocking",
+    name="dataloader", phase=Phase.DATALOADER, summary="DataLoader workers, pin_memory, non_blocking",
     changes_numerics=False, apply=apply)

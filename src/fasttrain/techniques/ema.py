@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 
 class Ema:
@@ -99,5 +99,5 @@ def apply(state: TrainState) -> str | None:
 
 
 TECHNIQUE = Technique(
-    name="ema", phase=70, summary="EMA: per-tensor | foreach | side-stream",
+    name="ema", phase=Phase.EMA, summary="EMA: per-tensor | foreach | side-stream",
     changes_numerics=False, apply=apply)

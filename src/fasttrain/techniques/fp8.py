@@ -18,8 +18,8 @@ from collections import Counter
 import torch
 from torch import nn
 
-from ..kernels.fp8_linear import ALIGN, LARGE, Float8Linear
-from .base import Technique, TrainState
+from ..layers.linear import FP8_ALIGN as ALIGN, FP8_LARGE as LARGE, Float8Linear
+from .base import Phase, Technique, TrainState
 
 
 def fp8_targets(blocks: list[nn.Module], mode: str = "linear") -> tuple[list[nn.Linear], int]:
@@ -66,5 +66,5 @@ def apply(state: TrainState) -> str | None:
 
 
 TECHNIQUE = Technique(
-    name="fp8", phase=33, summary="float8 matmuls for the blocks' linear layers",
+    name="fp8", phase=Phase.FP8, summary="float8 matmuls for the blocks' linear layers",
     changes_numerics=True, apply=apply, active=lambda r: r.fp8 != "none")

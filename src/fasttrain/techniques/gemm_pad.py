@@ -26,7 +26,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..layers.linear import PaddedLinear
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 
 MAX_EXTRA = 1 / 16
@@ -80,5 +80,5 @@ def apply(state: TrainState) -> str | None:
 
 
 TECHNIQUE = Technique(
-    name="gemm_pad", phase=34, summary="pad odd GEMM output widths to a multiple of N",
+    name="gemm_pad", phase=Phase.GEMM_PAD, summary="pad odd GEMM output widths to a multiple of N",
     changes_numerics=False, apply=apply, active=lambda r: r.gemm_pad > 0)

@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 
 def _unmet(recipe, device_type: str) -> str | None:
@@ -30,6 +30,6 @@ def apply(state: TrainState) -> str:
 
 
 TECHNIQUE = Technique(
-    name="graph_memset_kernels", phase=91,
+    name="graph_memset_kernels", phase=Phase.GRAPH_MEMSETS,
     summary="a captured step's small memsets as kernel nodes", changes_numerics=False,
     apply=apply, requires=("cuda",), active=lambda r: r.graph_memset_kernels, unmet=_unmet)

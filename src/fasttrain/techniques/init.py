@@ -16,7 +16,7 @@ from torch import nn
 
 from ..recipe import Recipe
 from ..workloads.base import Workload
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 
 @contextlib.contextmanager
@@ -47,5 +47,5 @@ def apply(state: TrainState) -> str:
 
 
 TECHNIQUE = Technique(
-    name="init", phase=0, summary="weights created on the target device in the target dtype",
+    name="init", phase=Phase.INIT, summary="weights created on the target device in the target dtype",
     changes_numerics=False, apply=apply)

@@ -1,9 +1,9 @@
 """fasttrain's fused kernels (``src/fasttrain/kernels/``), switched on where a model has a path.
 
-A layer with a fused path exposes ``use_fused(on) -> list[str]`` and names its family in
-``fused_kind`` (``layers/``, Swin's window attention); layers whose path is a Triton kernel say
-so with ``fused_triton = True``, and those that take attention away from SDPA with
-``replaces_sdpa = True`` (the run's attention line then names the kernel). ``kernels=fused`` switches on every family, a comma-separated
+A layer with a fused path is a ``layers.fused.FusedLayer``: it names its family in
+``fused_kind``, says whether its path is a Triton kernel (``fused_triton``) and whether it takes
+attention away from SDPA (``replaces_sdpa``: the run's attention line then names the kernel), and
+switches with ``use_fused(on)``. ``kernels=fused`` switches on every family, a comma-separated
 list only those named (``recipe.KERNEL_FAMILIES``), so that each family can be measured alone.
 When it helps: memory-bound work around the GEMMs that torch.compile cannot remove on its own
 (the full logits of an LLM's loss, Swin's 49-token windows). Numerics: the same maths in another
@@ -12,35 +12,13 @@ plain path) and before compile, which must trace the fused path.
 """
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
 
-import torch
 from torch import nn
 
+from ..layers.fused import fused_layers, triton_unavailable
 from ..recipe import kernel_families
-from .base import Technique, TrainState
-
-
-def fused_layers(model: nn.Module) -> list[nn.Module]:
-    """The layers with a fused path (they expose ``use_fused``)."""
-    return [m for m in model.modules() if callable(getattr(m, "use_fused", None))]
-
-
-def triton_unavailable(device: torch.device) -> str | None:
-    """Why fasttrain's Triton kernels cannot run on ``device`` here, or None if they can."""
-    if importlib.util.find_spec("triton") is None:
-        return "triton is not installed"
-    if device.type == "cuda":
-        return None
-    from ..kernels._triton import INTERPRETED
-    return None if INTERPRETED else \
-        f"Triton kernels need a CUDA device (or TRITON_INTERPRET=1), not {device.type}"
-
-
-def _attention_name(layer: nn.Module) -> str:
-    """What a layer that replaces SDPA runs instead ("window attention")."""
-    return getattr(layer, "attention_name", f"{layer.fused_kind} attention")
+from .base import Phase, Technique, TrainState
 
 
 def _frozen_narrow_convs(model: nn.Module) -> None:
@@ -67,14 +45,14 @@ def apply(state: TrainState) -> str | None:
     for module in layers:
         if module.fused_kind not in wanted:
             continue
-        if no_triton and getattr(module, "fused_triton", False):
+        if no_triton and module.fused_triton:
             kept.add(module.fused_kind)
             continue
         done.update(module.use_fused(True))
     if kept:
         state.warn("kernels", f"{', '.join(sorted(kept))}: {no_triton}; plain path kept")
-    replaced = Counter((m.fused_kind, _attention_name(m)) for m in layers
-                       if getattr(m, "replaces_sdpa", False) and getattr(m, "fused", False))
+    replaced = Counter((m.fused_kind, m.attention_name) for m in layers
+                       if m.replaces_sdpa and m.fused)
     if replaced:  # the attention line came from the probe, which ran the plain layers
         state.applied["attention"] = "; ".join(
             f"the Triton {name} kernel in {n} layers (kernels={kind}); SDPA is not called"
@@ -88,5 +66,5 @@ def apply(state: TrainState) -> str | None:
 
 
 TECHNIQUE = Technique(
-    name="kernels", phase=32, summary="fused kernels where a layer has them",
+    name="kernels", phase=Phase.KERNELS, summary="fused kernels where a layer has them",
     changes_numerics=True, apply=apply, active=lambda r: r.kernels != "none")

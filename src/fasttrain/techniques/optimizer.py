@@ -24,7 +24,7 @@ import torch
 
 from ..errors import FasttrainError
 from ..recipe import Recipe
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 
 def build(params, recipe, lr: float, capturable: bool = False) -> torch.optim.Optimizer:
@@ -70,7 +70,7 @@ class ShadowOptimizer:
 def _flat_unfit(state: TrainState, params: list[torch.Tensor]) -> str | None:
     """Why fasttrain's one-launch AdamW cannot step these weights, or None."""
     try:
-        from ..kernels._triton import runs_on
+        from ..optim.adamw import runs_on
     except ImportError:
         return "triton is not installed"
     odd = [type(p).__name__ for p in params if type(p) not in (torch.nn.Parameter, torch.Tensor)]
@@ -84,7 +84,7 @@ def _flat_unfit(state: TrainState, params: list[torch.Tensor]) -> str | None:
         return f"it steps fp32 weights, these are {names} (precision={state.recipe.precision})"
     if len({p.device for p in params}) > 1:
         return "the weights are on more than one device"
-    from ..kernels.adamw import dense
+    from ..optim.adamw import dense
 
     if not all(dense(p) for p in params):
         return "a weight is a strided view (not dense)"
@@ -98,7 +98,7 @@ def _casts_like_autocast(m: torch.nn.Module) -> bool:
     """A linear or convolution layer whose forward hands its weights to autocast's matmul or
     convolution. Not fp8's Float8Linear: it quantizes the fp32 weight itself and returns an fp32
     weight gradient."""
-    from ..kernels.fp8_linear import Float8Linear
+    from ..layers.linear import Float8Linear
 
     return isinstance(m, MATMUL_LAYERS) and not isinstance(m, Float8Linear)
 
@@ -159,7 +159,7 @@ def _mixed_masters(state: TrainState, params: list[torch.Tensor], lr: float, wha
 def _flat_adamw(state: TrainState, params: list[torch.Tensor], lr: float, what: str,
                 masters: list[torch.Tensor | None] | None = None) -> str:
     """fasttrain's one-launch AdamW over ``params`` (bf16 ones with their fp32 ``masters``)."""
-    from ..kernels.adamw import FlatAdamW
+    from ..optim.adamw import FlatAdamW
 
     r = state.recipe
     state.optimizer = FlatAdamW(params, lr=lr, weight_decay=r.weight_decay,
@@ -241,5 +241,5 @@ def _unmet(recipe: Recipe, device_type: str) -> str | None:
 
 
 TECHNIQUE = Technique(
-    name="optimizer", phase=60, summary="AdamW / SGD, fused, master weights, CPU offload",
+    name="optimizer", phase=Phase.OPTIMIZER, summary="AdamW / SGD, fused, master weights, CPU offload",
     changes_numerics=False, apply=apply, unmet=_unmet)

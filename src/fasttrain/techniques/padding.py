@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 
 from ..workloads.data import pad_collate
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 
 def apply(state: TrainState) -> str | None:
@@ -28,5 +28,5 @@ def apply(state: TrainState) -> str | None:
 
 
 TECHNIQUE = Technique(
-    name="padding", phase=82, summary="pad variable-length batches to a multiple of N",
+    name="padding", phase=Phase.PADDING, summary="pad variable-length batches to a multiple of N",
     changes_numerics=False, apply=apply, active=lambda r: r.pad_multiple > 0)

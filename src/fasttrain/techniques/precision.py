@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 
 def _matmul_flags(state: TrainState, tf32: bool) -> None:
@@ -63,5 +63,5 @@ def _autocast(device_type: str, dtype: torch.dtype, state: TrainState):
 
 
 TECHNIQUE = Technique(
-    name="precision", phase=20, summary="fp32 / tf32 / fp16-mixed / bf16-mixed / bf16-true",
+    name="precision", phase=Phase.PRECISION, summary="fp32 / tf32 / fp16-mixed / bf16-mixed / bf16-true",
     changes_numerics=True, apply=apply, active=lambda r: True)

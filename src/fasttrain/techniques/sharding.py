@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..distributed import env
-from .base import Technique, TrainState
+from .base import Phase, Technique, TrainState
 
 
 def resolve(recipe, world: int) -> str:
@@ -94,5 +94,5 @@ def apply(state: TrainState) -> str | None:
 
 
 TECHNIQUE = Technique(
-    name="sharding", phase=50, summary="DDP / ZeRO-1 / FSDP2 (ZeRO-2, ZeRO-3)",
+    name="sharding", phase=Phase.SHARDING, summary="DDP / ZeRO-1 / FSDP2 (ZeRO-2, ZeRO-3)",
     changes_numerics=False, apply=apply, active=lambda r: r.sharding != "none")

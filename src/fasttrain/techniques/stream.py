@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Technique, TrainState
+from ..layers.fused import StreamCarrier
+from .base import Phase, Technique, TrainState
 
 
 def apply(state: TrainState) -> str | None:
@@ -29,7 +30,7 @@ def apply(state: TrainState) -> str | None:
         state.warn("stream_dtype", "bf16-true keeps the whole model in bf16; the residual "
                    "stream is bf16 already")
         return None
-    carriers = [m for m in state.model.modules() if hasattr(m, "stream_dtype")]
+    carriers = [m for m in state.model.modules() if isinstance(m, StreamCarrier)]
     if not carriers:
         state.warn("stream_dtype", f"{type(state.model).__name__} has no residual stream that "
                    "fasttrain carries (ViT, Swin and Llama do); nothing changed")
@@ -41,5 +42,5 @@ def apply(state: TrainState) -> str | None:
 
 
 TECHNIQUE = Technique(
-    name="stream_dtype", phase=21, summary="the residual stream in bf16 under bf16-mixed",
+    name="stream_dtype", phase=Phase.STREAM, summary="the residual stream in bf16 under bf16-mixed",
     changes_numerics=True, apply=apply, active=lambda r: r.stream_dtype != "auto")

@@ -16,13 +16,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..measure.files import cache_root, write_atomic
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def cache_root() -> Path:
-    """Where workloads write their data: ``$FASTTRAIN_CACHE`` or ``~/.cache/fasttrain``."""
-    return Path(os.environ.get("FASTTRAIN_CACHE", Path.home() / ".cache" / "fasttrain"))
 
 
 def _done_marker(folder: Path) -> Path:
@@ -167,10 +164,7 @@ def write_token_file(path: Path, count: int, vocab: int, seed: int) -> Path:
     toks[0] = 0
     jumps = np.where(noise, step, 1)
     toks = np.cumsum(jumps) % vocab
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    toks.astype(np.uint32).tofile(tmp)
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, toks.astype(np.uint32).tofile)
 
 
 class TokenWindows(Dataset):

@@ -22,8 +22,10 @@ from ..layers.attention import attention
 from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
+from ..layers.rope import Rotary
 from .base import Batch, Workload
-from .data import TokenWindows, VariableWindows, cache_root, write_token_file
+from .data import TokenWindows, VariableWindows, write_token_file
+from ..measure.files import cache_root
 
 
 @dataclass(frozen=True)
@@ -72,13 +74,6 @@ def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return emb.cos(), emb.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, H, T, D) by position, in the dtype of ``x``."""
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
 def native_gqa(q: torch.Tensor) -> bool:
     """Whether SDPA can take fewer KV heads than query heads (``enable_gqa``) for ``q``.
 
@@ -93,34 +88,24 @@ def native_gqa(q: torch.Tensor) -> bool:
 
 
 class Attention(nn.Module):
-    """GQA attention with RoPE; ``kernels=rope`` rotates q and k in one Triton kernel."""
-
-    fused_kind, fused_triton = "rope", True
+    """GQA attention with RoPE (``layers.rope.Rotary``; ``kernels=rope`` rotates q and k in one
+    Triton kernel)."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.dim // cfg.heads
-        self.fused_rope = False
+        self.rotary = Rotary()
         self.q_proj = nn.Linear(cfg.dim, cfg.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.dim, bias=False)
-
-    def use_fused(self, on: bool) -> list[str]:
-        self.fused_rope = on
-        return ["RoPE of q and k in one Triton kernel"]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
-        if self.fused_rope:
-            from ..kernels.rope import rope
-
-            q, k = rope(q, k, cos, sin)
-        else:
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rotary(q, k, cos, sin)
         gqa = self.kv_heads != self.heads
         if gqa and not native_gqa(q):
             rep = self.heads // self.kv_heads

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Workload, repeated_blocks
-from .data import ImageFiles, cache_root, write_synthetic_images
+from .data import ImageFiles, write_synthetic_images
+from ..measure.files import cache_root
 from .sd_encoders import CLIPTextEncoder, TextConfig, VAEConfig, VAEEncoder
 from .sd_unet import UNet, UNetConfig
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from ..layers.attention import attention
 from ..layers.linear import linear, stackable, stacked_params
+from ..layers.mlp import GEGLU
 from ..layers.norm import LayerNorm
 
 Heads2 = tuple[torch.Tensor, torch.Tensor]
@@ -25,7 +26,7 @@ class Attention(nn.Module):
     4.25 → 4.16 ms for a transformer's forward and backward: sd-block-micro-20261122-0805).
     The weights stay in diffusers' separate ``to_q``/``to_k``/``to_v``; layers another technique
     replaced (float8) keep their own matmuls. ``stacked = False`` runs one GEMM per projection
-    (benchmarks/sd_block_micro.py measures both)."""
+    (benchmarks/kernels/sd_block_micro.py measures both)."""
 
     stacked = True
 
@@ -70,39 +71,6 @@ class Attention(nn.Module):
         if n == 1:
             return (y.view(B, T, self.heads, -1).transpose(1, 2),)
         return y.view(B, T, n, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-
-
-class GEGLU(nn.Module):
-    """``h · gelu(gate)`` of the two halves of one projection. Fused (``kernels=gelu``): the
-    projection runs without its bias and one Triton kernel each way reads its output in place,
-    adds the bias and, backward, sums the bias gradient (``kernels/geglu.py``); Inductor's
-    backward computed GELU's derivative for both halves of its gradient (0.30 ms a call at
-    64 × 64 latents: profile-sd-base-20261122-035033) and the bias gradient in a pass of its own
-    (0.07 ms: profile-sd-base-20261122-081837)."""
-
-    fused_kind, fused_triton = "gelu", True
-
-    def __init__(self, dim: int, inner: int):
-        super().__init__()
-        self.proj = nn.Linear(dim, 2 * inner)
-        self.fused = False
-
-    def use_fused(self, on: bool) -> list[str]:
-        self.fused = on
-        return ["GEGLU (bias, h · gelu(gate)) in one Triton kernel each way"]
-
-    def fp32_params(self) -> list[nn.Parameter]:
-        """What the fused path reads outside autocast's casts: the projection's bias, added in
-        fp32 in the kernel (bf16 master weights leave it fp32, techniques/optimizer.py)."""
-        return [self.proj.bias] if self.fused else []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused:
-            from ..kernels.geglu import geglu
-
-            return geglu(linear(self.proj, x, bias=False), self.proj.bias)
-        h, gate = self.proj(x).chunk(2, dim=-1)
-        return h * F.gelu(gate)
 
 
 class FeedForward(nn.Module):

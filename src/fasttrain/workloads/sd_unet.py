@@ -103,10 +103,7 @@ class ResnetBlock(nn.Module):
                 emb: torch.Tensor | None = None) -> torch.Tensor:
         """``emb``: this block's time projection already computed (the UNet computes all of
         them in one GEMM), else it is computed here from ``temb``."""
-        if self.norm1.fused and not (torch.is_grad_enabled() and x.requires_grad):
-            from ..kernels._triton import realized  # a prim without a backward: frozen only
-
-            x = realized(x)
+        x = self.norm1.shared_input(x)  # norm1 and the shortcut both read x
         h = self.norm1(x)
         if emb is None and self.time_emb_proj is not None:
             emb = self.time_projection(temb)

@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers.attention import attention
+from ..layers.attention import SelfAttention
 from ..layers.blocks import Branch, block_fp32_params, pre_norm_block, run_blocks
-from ..layers.linear import linear
 from ..layers.mlp import Mlp
 from ..layers.norm import LayerNorm
 from ..layers.patch import PatchEmbed
@@ -38,49 +37,6 @@ CONFIGS = {
     "base": ViTConfig(),
     "large": ViTConfig(dim=1024, depth=24, heads=16, mlp=4096),
 }
-
-
-class SelfAttention(nn.Module):
-    """Multi-head self-attention. Plain: the qkv projection viewed as (3, B, heads, T, D), SDPA,
-    the heads put back side by side. Fused (``kernels=attention``): ``kernels.seq_attention``,
-    one Triton kernel each way straight from the qkv projection's (B, T, 3·C) output, which
-    writes (B, T, C) and, backward, the qkv gradient in that layout (no permutes, no stack of
-    dq, dk, dv); the backward kernels also sum the qkv bias's gradient."""
-
-    fused_kind, fused_triton, replaces_sdpa = "attention", True, True
-    attention_name = "self-attention"
-
-    def __init__(self, dim: int, heads: int, batch_second: bool = False):
-        super().__init__()
-        self.heads, self.batch_second, self.fused = heads, batch_second, False
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def use_fused(self, on: bool) -> list[str]:
-        self.fused = on
-        return ["self-attention from the qkv projection's layout in one Triton kernel each way"]
-
-    def forward(self, x: torch.Tensor, mask: None = None, proj_bias: bool = True
-                ) -> torch.Tensor:
-        """``proj_bias=False`` leaves the output projection's bias out, for the caller to add."""
-        if self.fused:  # (B, T, C), or (T, B, C) batch second, in and out
-            from ..kernels.seq_attention import projected_seq_attention, seq_attention
-
-            if type(self.qkv) is nn.Linear:
-                out = projected_seq_attention(x, self.qkv.weight, self.qkv.bias, self.heads,
-                                              batch_second=self.batch_second)
-            else:  # another technique's linear layer (fp8): its own forward and bias gradient
-                out = seq_attention(self.qkv(x), self.heads, batch_second=self.batch_second)
-        elif self.batch_second:  # (T, B, C) → heads-major (3, B, H, T, D)
-            T, B, C = x.shape
-            qkv = self.qkv(x).view(T, B, 3, self.heads, C // self.heads).permute(2, 1, 3, 0, 4)
-            out = attention(*qkv.unbind(0))  # (B, H, T, D)
-            out = out.permute(2, 0, 1, 3).reshape(T, B, C)
-        else:
-            B, T, C = x.shape
-            qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-            out = attention(*qkv.unbind(0)).transpose(1, 2).reshape(B, T, C)  # from (B, H, T, D)
-        return linear(self.proj, out, bias=proj_bias)
 
 
 class Block(nn.Module):

@@ -1,0 +1,68 @@
+"""What a ladder runs, and how one rung is run and checked: the pieces that the ladder, the
+confirmation against the peer and the scaling report share."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..measure.parity import compare
+from ..measure.rows import append_row
+from ..recipe import Recipe
+from ..run.child import ChildSpec, run_in_child
+from ..techniques import allocator
+
+
+@dataclass
+class LadderSpec:
+    """What to run: the workload, which rungs, how long, where the rows go."""
+
+    workload: str = "vit"
+    size: str = "tiny"
+    rungs: list[str] | None = None
+    base: Recipe = field(default_factory=Recipe)
+    steps: int = 20
+    warmup: int = 5
+    device: str = "cpu"
+    data: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    out: Path | None = None
+    peer: bool = False
+    rung_timeout: float | None = None
+    extra_rungs: list[tuple[str, Recipe]] = field(default_factory=list)
+    nproc: int = 1  # processes per rung, launched through torchrun
+    start_at: str | None = None  # run the first rung (the parity base), then from this rung on
+    confirm: bool = True  # with the peer: measure both sides again (A B B A), _Confirmation
+
+
+def run_rung(spec: LadderSpec, name: str, recipe: Recipe, workdir: Path) -> dict:
+    """One measured run of ``recipe`` in a fresh process (``nproc`` under torchrun); its row."""
+    child = ChildSpec(job="fasttrain.run.child:train_job", workload=spec.workload,
+                      size=spec.size, device=spec.device, recipe=recipe.to_dict(),
+                      steps=spec.steps, warmup=spec.warmup, data=spec.data, options=spec.options)
+    return run_in_child(child, workdir, name, spec.rung_timeout, allocator.child_env(recipe),
+                        nproc=spec.nproc)
+
+
+def finish_row(row: dict, ref: dict | None, precision: str) -> dict:
+    """Parity against the reference rung; TFLOP/s from the reference's FLOP count."""
+    if row.get("error") or row.get("skipped") or not ref or ref.get("error"):
+        return row
+    row["parity"] = compare(row["losses"], ref["losses"], precision)
+    if ref.get("model_flops"):
+        flops = ref["model_flops"] * row["batch"] / ref["batch"]
+        row["probe_flops"], row["model_flops"] = row.get("model_flops"), flops
+        row["tflops"] = flops / row["step_time_s"] / 1e12
+        if row.get("mfu") is not None and row.get("probe_flops"):
+            row["mfu"] = row["mfu"] * flops / row["probe_flops"]
+    row["speedup"] = ref["step_time_s"] / row["step_time_s"] * row["batch"] / ref["batch"]
+    return row
+
+
+def emit(spec: LadderSpec, rows: list[dict], row: dict, on_row, i: int, total: int) -> None:
+    """Keep ``row``, append it to ``spec.out`` and hand it to ``on_row``."""
+    rows.append(row)
+    if spec.out:
+        append_row(spec.out, row)
+    if on_row:
+        on_row(row, i, total)

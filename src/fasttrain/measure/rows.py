@@ -1,0 +1,70 @@
+"""Result rows: one JSON object a measured run, the thing every fasttrain command produces.
+
+The kinds and the keys every tool and report relies on (DESIGN.md, "Result rows") are defined
+here once; every command builds its rows with :func:`make_row` and writes them with
+:func:`append_row`. More keys are welcome; these keep their names and units.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .files import append_line
+
+KINDS = ("train", "ladder", "peer", "ratio", "fast", "profile", "fit", "scaling", "kernel",
+         "inference")
+"""``train``: one ``fasttrain train`` run; ``ladder``: one rung; ``peer``: PyTorch best practice
+on the public code; ``ratio``: ours against the peer, confirmed by repeats; ``fast``: the fast
+search's verdict; ``profile``: a profiled run with its breakdown; ``fit``: one batch-size trial;
+``scaling``: one world size and sharding mode; ``kernel``: a kernel micro-benchmark;
+``inference``: one inference rung."""
+
+IDENTITY_KEYS = ("kind", "workload", "size", "rung")
+"""What a row is about; every row has them (``rung`` may be None)."""
+
+MEASURED_KEYS = (
+    "recipe", "batch", "steps", "step_time_s", "step_time_min_s", "step_time_max_s",
+    "throughput", "throughput_unit", "peak_allocated_gib", "peak_reserved_gib", "model_flops",
+    "tflops", "mfu", "warmup_s", "losses", "parity", "applied", "error", "step_times_s",
+    "spread",
+)
+"""What a measured run reports: step time (median, min, max, every step), throughput and its
+unit, peak memory (GiB), model FLOPs, TFLOP/s and MFU, warm-up seconds, the per-step losses,
+the parity verdict, what each technique did, and the error (None when it ran)."""
+
+ROW_KEYS = ("kind", "peer", "workload", "size", "rung", *MEASURED_KEYS)
+"""The keys a peer row always carries (None where not measured)."""
+
+
+class RowError(ValueError):
+    """A row that breaks the schema: a programming error, never a user's."""
+
+
+def make_row(kind: str, workload: str | None, size: str | None, rung: str | None = None,
+             **fields: Any) -> dict[str, Any]:
+    """A row of ``kind`` about ``workload`` at ``size`` (and ``rung``), with ``fields``.
+
+    The identity keys come first so that rows read alike in any file."""
+    if kind not in KINDS:
+        raise RowError(f"unknown row kind {kind!r} (known: {', '.join(KINDS)})")
+    return {"kind": kind, "workload": workload, "size": size, "rung": rung, **fields}
+
+
+def blank_row(kind: str, workload: str | None, size: str | None, rung: str | None = None,
+              **fields: Any) -> dict[str, Any]:
+    """:func:`make_row` with every measured key present (None until measured): for rows whose
+    run may fail before it measures anything (a peer that cannot import its package)."""
+    return make_row(kind, workload, size, rung, **{**dict.fromkeys(MEASURED_KEYS), **fields})
+
+
+def append_row(path: str | Path, row: dict[str, Any]) -> None:
+    """One JSON line appended, flushed and fsynced: a crash later never loses a finished row."""
+    if row.get("kind") not in KINDS:
+        raise RowError(f"row without a known kind: {str(row)[:80]}")
+    append_line(path, json.dumps(row))
+
+
+def load_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Every row of a JSONL file, in order."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,1 @@
+"""Optimizers whose step runs on fasttrain's kernels (the one-launch AdamW)."""
