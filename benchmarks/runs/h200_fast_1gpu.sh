@@ -6,7 +6,7 @@
 L="python3 -m fasttrain ladder --out $OUT --warmup 3 --rungs fast --peer --size base"
 cmds=()  # GPU_TESTS="-k window" runs those gpu-marked tests first;
 # MICRO=fp8 (or other groups of kernels_micro.py, comma-separated) runs that microbenchmark next
-[ -n "${GPU_TESTS:-}" ] && cmds+=("python3 -m pytest -q -m gpu tests/test_gpu.py $GPU_TESTS 2>&1 | tail -25")
+[ -n "${GPU_TESTS:-}" ] && cmds+=("python3 -m pytest -q -m gpu tests/ $GPU_TESTS 2>&1 | tail -25")
 [ -n "${MICRO:-}" ] && cmds+=("python3 benchmarks/kernels/kernels_micro.py --only $MICRO --out $OUT/kernels-micro-${MICRO//,/-}.jsonl")
 for w in ${WORKLOADS:-llama vit}; do cmds+=("$L $w"); done
 lane 0 0-15 "${cmds[@]}"

@@ -20,7 +20,7 @@ PO=${OLD_PRESET:-$P}
 OLD_SRC=${OLD_SRC:-out/old/src}
 WARM="python3 -m fasttrain train $W --size base --steps 2 --warmup 1 --recipe"
 ( export FASTTRAIN_CACHE=/tmp/ftcache0
-  [ -n "${GPU_TESTS:-}" ] && timeout 330 python3 -m pytest -q -m gpu tests/test_gpu.py \
+  [ -n "${GPU_TESTS:-}" ] && timeout 330 python3 -m pytest -q -m gpu tests/ \
     -k "$GPU_TESTS" --tb=short > "$OUT/gpu-tests.txt" 2>&1 &
   if [ -n "${PROBE:-}" ]; then
     TAG=old FASTTRAIN_GIT_SHA=${OLD_SHA:-old} TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-old \

@@ -18,7 +18,7 @@ O=${OPTS:-}
 VARIANTS=("")
 for s in ${SWITCHES:-}; do VARIANTS+=("--set ${s//+/ --set }"); done
 ( export FASTTRAIN_CACHE=/tmp/ftcache0
-  [ -n "${GPU_TESTS:-}" ] && timeout 300 python3 -m pytest -q -m gpu tests/test_gpu.py \
+  [ -n "${GPU_TESTS:-}" ] && timeout 300 python3 -m pytest -q -m gpu tests/ \
     -k "$GPU_TESTS" --tb=short > "$OUT/gpu-tests.txt" 2>&1 &
   for i in "${!VARIANTS[@]}"; do
     timeout 300 python3 -m fasttrain train "$W" --size base --steps 2 --warmup 1 --recipe "$P" \

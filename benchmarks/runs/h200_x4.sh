@@ -5,7 +5,7 @@
 . "$(dirname "$0")/lanes.sh"
 L="python3 -m fasttrain ladder --out $OUT --rung-timeout 420"
 lane 0 0-15  "$L sd --size base --warmup 3 --rungs default"
-lane 1 16-31 "$L swin --size base --peer" "python3 -m pytest -q -m gpu tests/test_gpu.py"
+lane 1 16-31 "$L swin --size base --peer" "python3 -m pytest -q -m gpu tests/"
 lane 2 32-47 "$L llama --size base --peer"
 lane 3 48-63 "$L vit --size base --peer" "$L sd --size base --rungs none --peer --warmup 3"
 finish_lanes

@@ -19,7 +19,7 @@ lane 0 0-15 "$L sd --size base --from compile --peer" \
 lane 1 16-31 "$FIT sd --set ema=side-stream --set channels_last=true --multiple-of 8" "$FIT llama"
 lane 2 32-47 "$L vit --size large --rungs memory --batch 256" "$FIT swin --multiple-of 8"
 lane 3 48-63 "$L vit --size base --peer" "$FIT vit --multiple-of 8" \
-  "python3 -m pytest -q -m gpu tests/test_gpu.py"
+  "python3 -m pytest -q -m gpu tests/"
 finish_lanes
 # At most 8 files come back: rows and suggested recipes in one archive, traces in another.
 ( cd "$OUT" && find . -name '*.jsonl' -o -name '*.toml' | tar czf rows.tgz -T - \

@@ -31,6 +31,6 @@ finish_lanes() {
 # that a pytest -k expression in GPU_TESTS selects, appended to the caller's cmds when set.
 TRAIN_CMD="python3 -m fasttrain train --size base --steps 30 --warmup 5"
 add_gpu_tests() {
-  [ -n "${GPU_TESTS:-}" ] && cmds+=("python3 -m pytest -q -m gpu tests/test_gpu.py -k '$GPU_TESTS' --tb=short 2>&1 | grep -v Warning | tail -40")
+  [ -n "${GPU_TESTS:-}" ] && cmds+=("python3 -m pytest -q -m gpu tests/ -k '$GPU_TESTS' --tb=short 2>&1 | grep -v Warning | tail -40")
   true
 }

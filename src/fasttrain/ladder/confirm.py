@@ -90,10 +90,10 @@ def _rerun(spec, env, workdir, best, ref, n: int) -> dict:
     recipe = Recipe().replace(**best["recipe"])
     name = f"{best['rung']} {_repeat_label(n)}"
     t0 = time.perf_counter()
-    again = make_row("ladder", spec.workload, spec.size, name, repeat_of=best["rung"],
-                     comment="measured again to confirm the ratio to the peer (ours, peer, "
-                     "peer, ours)", recipe=recipe.to_dict(), parity=None,
-                     **run_rung(spec, name, recipe, workdir))
+    again = make_row("ladder", spec.workload, spec.size, name, **{
+        "repeat_of": best["rung"], "comment": "measured again to confirm the ratio to the peer "
+        "(ours, peer, peer, ours)", "recipe": recipe.to_dict(), "parity": None,
+        **run_rung(spec, name, recipe, workdir)})
     again.update(wall_s=time.perf_counter() - t0, env=env)
     if not again.get("error"):
         again = finish_row(again, ref, recipe.precision)

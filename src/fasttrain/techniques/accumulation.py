@@ -16,4 +16,5 @@ def apply(state: TrainState) -> str:
 
 TECHNIQUE = Technique(
     name="accumulation", phase=Phase.ACCUMULATION, summary="k micro-batches per optimizer step",
-    changes_numerics=False, apply=apply, active=lambda r: r.accumulation > 1)
+    changes_numerics=False, apply=apply, active=lambda r: r.accumulation > 1,
+    example={"accumulation": 2})

@@ -56,4 +56,5 @@ def apply(state: TrainState) -> str | None:
 
 TECHNIQUE = Technique(
     name="allocator", phase=Phase.ALLOCATOR, summary="CUDA allocator: expandable segments",
-    changes_numerics=False, apply=apply, active=lambda r: r.allocator != "default")
+    changes_numerics=False, apply=apply, active=lambda r: r.allocator != "default",
+    example={"allocator": "expandable"})

@@ -135,4 +135,5 @@ def probe(state: TrainState) -> Iterator[None]:
 TECHNIQUE = Technique(
     name="attention", phase=Phase.ATTENTION,
     summary="SDPA backend selection with a check of what ran", changes_numerics=False,
-    apply=apply, active=lambda r: True, probe=probe)
+    apply=apply, active=lambda r: True, probe=probe,
+    example={"attention": "auto"})

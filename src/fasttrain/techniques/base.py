@@ -63,6 +63,9 @@ class Technique:
     before fused paths and compile) that records what it saw when it exits."""
     finish: Callable[["TrainState"], None] | None = None
     """Runs after the timed steps (compile: its counters, its cache saved)."""
+    example: dict[str, Any] = field(default_factory=dict)
+    """Recipe switches that turn it on, as a user would write them (``--set key=value``): the
+    registry-driven tests run every technique this way on every tiny workload."""
 
 
 @dataclass

@@ -34,4 +34,5 @@ def apply(state: TrainState) -> str | None:
 
 TECHNIQUE = Technique(
     name="channels_last", phase=Phase.CHANNELS_LAST, summary="NHWC memory format for convolutions",
-    changes_numerics=False, apply=apply, active=lambda r: r.channels_last)
+    changes_numerics=False, apply=apply, active=lambda r: r.channels_last,
+    example={"channels_last": True})

@@ -82,4 +82,5 @@ def apply(state: TrainState) -> str | None:
 
 TECHNIQUE = Technique(
     name="checkpointing", phase=Phase.CHECKPOINTING, summary="activation checkpointing: full | selective",
-    changes_numerics=False, apply=apply, active=lambda r: r.checkpointing != "none")
+    changes_numerics=False, apply=apply, active=lambda r: r.checkpointing != "none",
+    example={"checkpointing": "selective"})

@@ -182,4 +182,5 @@ def finish(state: TrainState) -> None:
 
 TECHNIQUE = Technique(
     name="compile", phase=Phase.COMPILE, summary="torch.compile: whole model | regional blocks",
-    changes_numerics=False, apply=apply, active=lambda r: r.compile != "none", finish=finish)
+    changes_numerics=False, apply=apply, active=lambda r: r.compile != "none", finish=finish,
+    example={"compile": "regional", "compile_backend": "eager"})

@@ -27,4 +27,5 @@ def apply(state: TrainState) -> str:
 
 TECHNIQUE = Technique(
     name="cuda_graphs", phase=Phase.CUDA_GRAPHS, summary="whole-step CUDA graph capture and replay",
-    changes_numerics=False, apply=apply, requires=("cuda",), active=lambda r: r.cuda_graphs)
+    changes_numerics=False, apply=apply, requires=("cuda",), active=lambda r: r.cuda_graphs,
+    example={"cuda_graphs": True})

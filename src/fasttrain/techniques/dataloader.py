@@ -51,4 +51,5 @@ def apply(state: TrainState) -> str:
 
 TECHNIQUE = Technique(
     name="dataloader", phase=Phase.DATALOADER, summary="DataLoader workers, pin_memory, non_blocking",
-    changes_numerics=False, apply=apply)
+    changes_numerics=False, apply=apply,
+    example={"workers": 1})

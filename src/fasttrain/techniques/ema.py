@@ -100,4 +100,5 @@ def apply(state: TrainState) -> str | None:
 
 TECHNIQUE = Technique(
     name="ema", phase=Phase.EMA, summary="EMA: per-tensor | foreach | side-stream",
-    changes_numerics=False, apply=apply)
+    changes_numerics=False, apply=apply,
+    example={"ema": "foreach"})

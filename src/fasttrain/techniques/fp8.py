@@ -67,4 +67,5 @@ def apply(state: TrainState) -> str | None:
 
 TECHNIQUE = Technique(
     name="fp8", phase=Phase.FP8, summary="float8 matmuls for the blocks' linear layers",
-    changes_numerics=True, apply=apply, active=lambda r: r.fp8 != "none")
+    changes_numerics=True, apply=apply, active=lambda r: r.fp8 != "none",
+    example={"precision": "bf16-mixed", "fp8": "linear"})

@@ -81,4 +81,5 @@ def apply(state: TrainState) -> str | None:
 
 TECHNIQUE = Technique(
     name="gemm_pad", phase=Phase.GEMM_PAD, summary="pad odd GEMM output widths to a multiple of N",
-    changes_numerics=False, apply=apply, active=lambda r: r.gemm_pad > 0)
+    changes_numerics=False, apply=apply, active=lambda r: r.gemm_pad > 0,
+    example={"gemm_pad": 8})

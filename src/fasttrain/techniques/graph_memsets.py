@@ -32,4 +32,5 @@ def apply(state: TrainState) -> str:
 TECHNIQUE = Technique(
     name="graph_memset_kernels", phase=Phase.GRAPH_MEMSETS,
     summary="a captured step's small memsets as kernel nodes", changes_numerics=False,
-    apply=apply, requires=("cuda",), active=lambda r: r.graph_memset_kernels, unmet=_unmet)
+    apply=apply, requires=("cuda",), active=lambda r: r.graph_memset_kernels, unmet=_unmet,
+    example={"cuda_graphs": True, "graph_memset_kernels": True})

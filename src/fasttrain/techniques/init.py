@@ -48,4 +48,5 @@ def apply(state: TrainState) -> str:
 
 TECHNIQUE = Technique(
     name="init", phase=Phase.INIT, summary="weights created on the target device in the target dtype",
-    changes_numerics=False, apply=apply)
+    changes_numerics=False, apply=apply,
+    example={"init": "host"})

@@ -67,4 +67,5 @@ def apply(state: TrainState) -> str | None:
 
 TECHNIQUE = Technique(
     name="kernels", phase=Phase.KERNELS, summary="fused kernels where a layer has them",
-    changes_numerics=True, apply=apply, active=lambda r: r.kernels != "none")
+    changes_numerics=True, apply=apply, active=lambda r: r.kernels != "none",
+    example={"kernels": "fused"})

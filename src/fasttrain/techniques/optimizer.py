@@ -242,4 +242,5 @@ def _unmet(recipe: Recipe, device_type: str) -> str | None:
 
 TECHNIQUE = Technique(
     name="optimizer", phase=Phase.OPTIMIZER, summary="AdamW / SGD, fused, master weights, CPU offload",
-    changes_numerics=False, apply=apply, unmet=_unmet)
+    changes_numerics=False, apply=apply, unmet=_unmet,
+    example={"optimizer_impl": "foreach"})

@@ -29,4 +29,5 @@ def apply(state: TrainState) -> str | None:
 
 TECHNIQUE = Technique(
     name="padding", phase=Phase.PADDING, summary="pad variable-length batches to a multiple of N",
-    changes_numerics=False, apply=apply, active=lambda r: r.pad_multiple > 0)
+    changes_numerics=False, apply=apply, active=lambda r: r.pad_multiple > 0,
+    example={"pad_multiple": 8})

@@ -64,4 +64,5 @@ def _autocast(device_type: str, dtype: torch.dtype, state: TrainState):
 
 TECHNIQUE = Technique(
     name="precision", phase=Phase.PRECISION, summary="fp32 / tf32 / fp16-mixed / bf16-mixed / bf16-true",
-    changes_numerics=True, apply=apply, active=lambda r: True)
+    changes_numerics=True, apply=apply, active=lambda r: True,
+    example={"precision": "bf16-mixed"})

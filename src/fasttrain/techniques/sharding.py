@@ -95,4 +95,5 @@ def apply(state: TrainState) -> str | None:
 
 TECHNIQUE = Technique(
     name="sharding", phase=Phase.SHARDING, summary="DDP / ZeRO-1 / FSDP2 (ZeRO-2, ZeRO-3)",
-    changes_numerics=False, apply=apply, active=lambda r: r.sharding != "none")
+    changes_numerics=False, apply=apply, active=lambda r: r.sharding != "none",
+    example={"sharding": "ddp"})

@@ -43,4 +43,5 @@ def apply(state: TrainState) -> str | None:
 
 TECHNIQUE = Technique(
     name="stream_dtype", phase=Phase.STREAM, summary="the residual stream in bf16 under bf16-mixed",
-    changes_numerics=True, apply=apply, active=lambda r: r.stream_dtype != "auto")
+    changes_numerics=True, apply=apply, active=lambda r: r.stream_dtype != "auto",
+    example={"precision": "bf16-mixed", "stream_dtype": "bf16"})

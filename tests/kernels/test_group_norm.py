@@ -148,7 +148,7 @@ def test_group_norm_keeps_the_variance_under_a_large_mean():
 def test_group_norm_with_many_programs_per_sample(monkeypatch):
     """Several splits of the positions and several channel blocks per sample, as on a GPU. The
     reduction pass's pipelining (``sum_stages``) only sets ``num_stages``, which the interpreter
-    ignores: its settings are checked on the GPU (tests/test_gpu.py)."""
+    ignores: its settings are checked on the GPU (test_activations_gpu.py)."""
     monkeypatch.setattr(gn, "programs_cap", lambda device, per_sm=4: 64)
     monkeypatch.setitem(gn.LAUNCH, "sum_rows", 4)
     monkeypatch.setitem(gn.LAUNCH, "apply_rows", 8)

@@ -97,3 +97,30 @@ def test_large_mode_takes_only_layers_of_2_24_weights():
         every, unaligned = fp8_targets(blocks, "linear")
     assert [m.out_features for m in big] == [8192] and left == 2
     assert len(every) == 2 and unaligned == 1
+
+
+@pytest.mark.gpu
+def test_fp8_linear_on_cuda_matches_its_emulation_eager_and_compiled():
+    from fasttrain.kernels.fp8_linear import E4M3, E5M2, fp8_linear, to_fp8
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 tensor cores need compute capability 8.9+")
+    torch.manual_seed(0)
+    x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(384, 256, device="cuda", requires_grad=True)
+    g = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+
+    def deq(t, dtype):
+        t8, inv = to_fp8(t, dtype)
+        return t8.float() * inv
+
+    xq, wq, gq = deq(x.detach(), E4M3), deq(w.detach(), E4M3), deq(g, E5M2)
+    for fn in (fp8_linear, torch.compile(fp8_linear)):
+        x.grad = w.grad = None
+        y = fn(x, w)
+        y.backward(g)
+        close = dict(rtol=2e-2, atol=2e-1)
+        torch.testing.assert_close(y.float(), xq @ wq.t(), **close)
+        torch.testing.assert_close(x.grad.float(), gq @ wq, **close)
+        torch.testing.assert_close(w.grad, gq.t() @ xq, **close)
+

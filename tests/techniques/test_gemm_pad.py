@@ -93,3 +93,17 @@ def test_nothing_to_pad_is_a_warning_and_a_bad_multiple_an_error():
         Recipe(gemm_pad=12)
     with pytest.raises(FasttrainError, match="has no option 'vocab'"):
         load_workload("vit", "tiny", vocab=10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused_loss", [False, True], ids=["plain-loss", "chunked-loss"])
+def test_padded_gemm_widths_in_the_compiled_training_loop_keep_the_losses(fused_loss):
+    wl = load_workload("llama", "tiny", vocab=509)
+    base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="model",
+                  kernels="loss" if fused_loss else "none")
+    plain = train(wl, base, steps=4, warmup=0, device="cuda")
+    padded = train(wl, base.replace(gemm_pad=64), steps=4, warmup=0, device="cuda")
+    assert "head_loss vocabulary 509 → 512" in padded.applied["gemm_pad"]
+    torch.testing.assert_close(torch.tensor(padded.losses), torch.tensor(plain.losses),
+                               rtol=1e-2, atol=0)
+

@@ -80,3 +80,19 @@ def test_bf16_true_is_bf16_already_and_other_precisions_are_refused():
         Recipe(precision="fp32", stream_dtype="bf16")
     with pytest.raises(FasttrainError, match="stream_dtype='fp16' is not one of auto, bf16"):
         Recipe(precision="bf16-mixed", stream_dtype="fp16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("workload", ["vit", "swin", "llama"])
+def test_a_bf16_stream_in_the_graphed_training_loop_keeps_the_losses(workload):
+    wl = load_workload(workload, "tiny")
+    base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="model",
+                  cuda_graphs=True,
+                  kernels={"vit": "layernorm,gelu,attention", "swin": "layernorm,gelu,window",
+                           "llama": "rmsnorm,rope"}[workload])
+    plain = train(wl, base, steps=4, warmup=4, device="cuda")
+    ours = train(wl, base.replace(stream_dtype="bf16"), steps=4, warmup=4, device="cuda")
+    assert "in bf16 from the embeddings on" in ours.applied["stream_dtype"]
+    torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(plain.losses),
+                               rtol=2e-2, atol=0)
+

@@ -14,7 +14,7 @@ from fasttrain.recipe import Recipe
 from fasttrain.run.loop import prepare, train
 from fasttrain.workloads import load_workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 
 

@@ -8,7 +8,8 @@ from torch.profiler import ProfilerActivity, profile
 from fasttrain.errors import FasttrainError
 from fasttrain.recipe import Recipe
 from fasttrain.run.loop import prepare, train
-from fasttrain.techniques import registry
+from fasttrain.measure.parity import compare
+from fasttrain.techniques import registry, unmet_requirements
 from fasttrain.techniques import attention as attn
 from fasttrain.techniques.ema import Ema
 from fasttrain.workloads import REGISTRY, load_workload
@@ -179,42 +180,53 @@ def test_technique_cards_are_complete():
         assert t.summary and isinstance(t.changes_numerics, bool)
 
 
-SMOKE = {
-    "precision-bf16": Recipe(precision="bf16-mixed"),
-    "precision-fp16": Recipe(precision="fp16-mixed"),
-    "precision-bf16-true": Recipe(precision="bf16-true"),
-    "attention-auto": Recipe(attention="auto"),
-    "optimizer-fused": Recipe(optimizer_impl="fused"),
-    "optimizer-foreach": Recipe(optimizer_impl="foreach"),
-    "ema-foreach": Recipe(ema="foreach"),
-    "loader-workers": Recipe(workers=1),
-    "compile-regional": Recipe(compile="regional", compile_backend="eager"),
-    "channels-last": Recipe(channels_last=True),
-    "accumulation": Recipe(accumulation=2),
-    "checkpointing-selective": Recipe(checkpointing="selective"),
-    "offload": Recipe(offload="optimizer"),
-    "init-host": Recipe(init="host"),
-    "sgd-cosine": Recipe(optimizer="sgd", schedule="cosine"),
-    "master-weights": Recipe(precision="bf16-true", master_weights=True),
-    "master-weights-mixed": Recipe(precision="bf16-mixed", optimizer_impl="triton",
-                                   master_weights=True),  # the optimizer interpreted on CPU
-    "padding": Recipe(pad_multiple=8),
-    "gemm-pad": Recipe(gemm_pad=8),
-    "kernels": Recipe(kernels="fused", batch=2),  # small: Triton kernels run interpreted
-}
+def _smoke_recipe(tech, workload) -> Recipe:
+    """The card's example on the tiny workload: small batches where Triton kernels run
+    interpreted, a doubled global batch for accumulation (same micro-batch as the baseline)."""
+    recipe = Recipe().replace(**tech.example)
+    if tech.name == "kernels":
+        recipe = recipe.replace(batch=2)
+    if recipe.accumulation > 1:
+        recipe = recipe.replace(batch=workload.default_batch * recipe.accumulation)
+    return recipe
+
+
+_BASELINES: dict[tuple[str, int | None], list[float]] = {}
+
+
+def _baseline(name: str, batch: int | None) -> list[float]:
+    """The plain fp32 recipe's losses on the same seeded batches (cached per workload, batch)."""
+    if (name, batch) not in _BASELINES:
+        torch._dynamo.reset()
+        _BASELINES[name, batch] = train(load_workload(name, "tiny"), Recipe(batch=batch),
+                                        steps=2, warmup=0).losses
+    return _BASELINES[name, batch]
 
 
 @pytest.mark.parametrize("workload", sorted(REGISTRY))
-@pytest.mark.parametrize("name", sorted(SMOKE))
-def test_every_technique_on_every_tiny_workload(workload, name):
+@pytest.mark.parametrize("tech", registry(), ids=lambda t: t.name)
+def test_every_technique_on_every_tiny_workload(workload, tech):
+    """Generated from the technique registry: each card's example applied to each tiny workload
+    says what it did (its ``applied`` entry) or why it did nothing (a warning naming it), and
+    keeps the loss: within fp32 rounding where the card says it does not change the numerics,
+    within its precision's tolerance where it does."""
     wl = load_workload(workload, "tiny")
-    recipe = SMOKE[name]
-    if recipe.accumulation > 1:
-        recipe = recipe.replace(batch=wl.default_batch * 2)
+    recipe = _smoke_recipe(tech, wl)
+    if unmet := unmet_requirements(recipe, "cpu"):
+        pytest.skip(f"{tech.name} on a CPU: {'; '.join(unmet)}")
     torch._dynamo.reset()
     res = train(wl, recipe, steps=2, warmup=0)
-    assert all(torch.isfinite(torch.tensor(res.losses)))
+    said = tech.name in res.applied or any(w.startswith(f"{tech.name}:") for w in res.warnings)
+    assert said, f"{tech.name} neither applied nor warned: {res.applied}, {res.warnings}"
     assert res.step_time_s > 0 and res.model_flops and res.model_flops > 0
+    if tech.name == "init" or recipe.optimizer != "adamw":
+        return  # other initial weights (host RNG) or another optimizer: other losses by design
+    precision = "fp32" if not tech.changes_numerics or recipe.precision == "fp32" \
+        else recipe.precision
+    if tech.changes_numerics and precision == "fp32":
+        precision = "tf32"  # fp32 maths in another summation order (fused kernels)
+    verdict = compare(res.losses, _baseline(workload, recipe.batch), precision)
+    assert verdict["passed"], f"{tech.name} on {workload}: {verdict}"
 
 
 @pytest.mark.parametrize("workload", sorted(REGISTRY))
@@ -364,7 +376,7 @@ def test_compile_cache_is_saved_after_a_run_and_loaded_by_the_next(tmp_path, mon
     import sys
 
     monkeypatch.setenv("FASTTRAIN_CACHE", str(tmp_path))
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
     sys.modules.pop("examples.my_workload", None)
     wl = load_workload("examples.my_workload:make_workload")
     recipe = Recipe(compile="model", compile_cache=True)

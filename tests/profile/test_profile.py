@@ -15,7 +15,7 @@ from fasttrain.recipe import Recipe, load_toml
 from fasttrain.workloads import load_workload
 from tests.helpers import slow_data_workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rules(p, recipe):
@@ -246,3 +246,27 @@ def test_the_kernel_window_is_synchronised_at_its_edges_only(monkeypatch):
     for step in range(9):
         kp.end(step)
     assert synced == []  # no device to wait for on the CPU
+
+
+@pytest.mark.gpu
+def test_profile_on_cuda_has_kernels_memory_and_a_trace(tmp_path):
+    from fasttrain.profile.runner import run_profile
+
+    p = run_profile(load_workload("vit", "tiny"), Recipe(), "cuda", steps=3, warmup=2, active=2,
+                    trace_dir=tmp_path, snapshot=tmp_path / "snap.pickle")
+    k, m = p["kernels"], p["memory"]
+    assert k["launches_per_step"] > 10 and abs(sum(k["share"].values()) - 1) < 1e-6
+    assert m["peak_allocated_mib"] > 0 and m["device_used_mib"] >= m["peak_reserved_mib"]
+    assert (tmp_path / "snap.pickle").exists() and k["trace"]["mb"] < 20
+    assert "precision" in {f["rule"] for f in p["findings"]}
+
+
+@pytest.mark.gpu
+def test_memory_growth_rule_catches_a_leak_on_cuda():
+    from fasttrain.profile.runner import run_profile
+    from tests.helpers import leaky_workload
+
+    p = run_profile(leaky_workload(), Recipe(), "cuda", steps=4, warmup=1, active=1)
+    assert p["memory"]["growth_mib_per_step"] > 10
+    assert "memory_growth" in {f["rule"] for f in p["findings"]}
+

@@ -341,3 +341,76 @@ def test_unet_runs_the_time_and_text_projections_as_one_gemm_each(monkeypatch):
     loss = run(True)[0]
     torch.testing.assert_close(loss, want[0], rtol=1e-5, atol=1e-6)
     assert set(called) == {swapped, *times[1:]}  # the time projections back in the blocks
+
+
+@pytest.mark.gpu
+def test_sd_up_block_backward_hands_dense_gradients_to_its_convolutions():
+    """An SD up block (ResNets on [x, skip], then the 2× upsampler) as the SD presets run it:
+    channels-last, bf16 autocast, the GroupNorm kernels, compiled. In its backward no
+    convolution copies its incoming gradient (a channel slice of the concatenation's gradient,
+    or the upsampler's NCHW sum, used to be copied to dense NHWC inside
+    ``convolution_backward``), and the gradients of x and the skips come out dense NHWC, so
+    the blocks that made them need not copy them either. (Inductor's own GroupNorm backward
+    hands the convolutions NCHW gradients: with the plain norms they still copy.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fasttrain.workloads.sd_unet import UNetConfig, UpBlock
+
+    torch.manual_seed(0)
+    cfg = UNetConfig(channels=(64, 64), cross_attn=(False, False), layers=2)
+    blk = UpBlock(64, 64, 64, cfg, 128, attn=False, up=True).cuda()
+    for m in blk.modules():
+        if getattr(m, "fused_kind", None) == "groupnorm":
+            m.use_fused(True)
+    blk = torch.compile(blk.to(memory_format=torch.channels_last), fullgraph=True)
+
+    def nhwc(*shape):
+        return (torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+                .contiguous(memory_format=torch.channels_last).requires_grad_(True))
+
+    x, skips, temb = nhwc(2, 64, 16, 16), [nhwc(2, 64, 16, 16) for _ in range(3)], \
+        torch.randn(2, 128, device="cuda")
+    dy = torch.randn(2, 64, 32, 32, device="cuda", dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last)
+    try:
+        for _ in range(2):  # compile, then the measured pass
+            for t in (x, *skips):
+                t.grad = None
+            with torch.autocast("cuda", torch.bfloat16), \
+                    profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                blk(x, tuple(skips), temb, None).backward(dy)
+                torch.cuda.synchronize()
+    finally:  # UpBlock.forward's compiled code would count as recompiles in later SD runs
+        torch._dynamo.reset()
+    copies = []
+    for e in prof.events():
+        p, inside = e.cpu_parent, False
+        while p is not None and not inside:
+            inside, p = p.name == "aten::convolution_backward", p.cpu_parent
+        if inside and e.name in ("aten::clone", "aten::_to_copy"):
+            copies.append(e.name)
+    assert not copies, f"convolution_backward copied its gradient: {copies}"
+    for t in (x, *skips):
+        assert t.grad.is_contiguous(memory_format=torch.channels_last), t.grad.stride()
+
+
+@pytest.mark.gpu
+def test_wide_head_attention_on_cuda_takes_the_gemm_path_and_matches_sdpa(monkeypatch):
+    """One head of 512 (the SD VAE's mid-block) without autograd: the GEMM path runs, eager
+    and compiled, within bf16 rounding of an fp32 SDPA; with autograd, SDPA runs."""
+    from fasttrain.layers import attention as attn
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 1024, 512, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    calls = []
+    gemm = attn.gemm_attention
+    monkeypatch.setattr(attn, "gemm_attention", lambda *a: calls.append(1) or gemm(*a))
+    with torch.no_grad():
+        for fn in (attn.attention, torch.compile(attn.attention)):
+            torch.testing.assert_close(fn(q, k, v).float(), ref, atol=2e-2, rtol=2e-2)
+    assert len(calls) == 2
+    attn.attention(q.requires_grad_(), k, v).float().sum().backward()
+    assert len(calls) == 2 and q.grad is not None
+

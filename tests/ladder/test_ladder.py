@@ -13,7 +13,7 @@ from fasttrain.recipe import Recipe
 from fasttrain.report.table import markdown_table
 from fasttrain.workloads import REGISTRY, load_workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = Recipe(compile_backend="aot_eager")  # inductor's C++ build is minutes on CI's CPU
 
 

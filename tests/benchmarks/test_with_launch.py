@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 
 from tests.interpreted import kernels_interpreted  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "runs" / "with_launch.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "runs" / "with_launch.py"
 
 
 def _script():

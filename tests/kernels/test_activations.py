@@ -95,7 +95,7 @@ def test_bias_gelu_backward_with_many_programs_and_row_tiles(monkeypatch, stages
     # over several row tiles with a partial last one; bias partials summed across programs;
     # the forward one tile a program, or persistent (walking row tiles as the backward does);
     # both stage settings reach the kernels (the interpreter ignores num_stages: the pipelined
-    # loads themselves are checked in tests/test_gpu.py)
+    # loads themselves are checked in test_activations_gpu.py)
     monkeypatch.setitem(activations.LAUNCH, "bwd_elements", 128)
     monkeypatch.setitem(activations.LAUNCH, "bwd_block_d", 32)  # tiles of 4 rows x 32 columns
     monkeypatch.setitem(activations.LAUNCH, "fwd_elements", 64)

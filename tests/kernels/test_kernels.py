@@ -91,7 +91,7 @@ def test_low_precision_params_and_no_bias(op):
 def test_many_tiles_walked_by_few_programs(op, stages, monkeypatch):
     # tiles of 2 rows: 37 rows are 19 tiles (the last one half masked) that the CPU's 4
     # backward programs walk with a stride, each summing its weight-gradient partials; both
-    # stage settings (the interpreter ignores num_stages: tests/test_gpu.py runs them compiled)
+    # stage settings (the interpreter ignores num_stages: test_kernels_gpu.py runs them compiled)
     monkeypatch.setitem(norms.LAUNCH, "bwd_stages", stages)
     monkeypatch.setitem(norms.LAUNCH, "fwd_elements", 64)
     monkeypatch.setitem(norms.LAUNCH, "bwd_elements", 64)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from fasttrain.ladder import runner
+from fasttrain.ladder import confirm, runner
 from fasttrain.ladder.runner import LadderSpec, run_ladder
 from fasttrain.recipe import Recipe
 from fasttrain.report.table import markdown_table, peer_summary
 from fasttrain.measure.steadiness import (REPEAT_TOLERANCE, UNSTEADY_IQR, confirmed_ratio, needs_another, spread)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_spread_is_the_interquartile_range_over_the_median():
@@ -117,24 +117,22 @@ class _FakeChildren:
                 "throughput_unit": "img/s", "losses": [2.0, 1.9, 1.8, 1.7], "error": None,
                 "spread": spread(times), "recipe": recipe.to_dict()}
 
-    def run_child(self, module, args, timeout, log, extra_env=None, nproc=1):
-        assert module == "fasttrain.peers"
+    def run_in_child(self, spec, workdir, name, timeout=None, extra_env=None, nproc=1):
+        assert spec.job == "fasttrain.peers:peer_job"
         self.order.append("peer")
         t = self.peer.pop(0)
         if t is None:
-            return "process exited with 1: boom"
+            return {"error": "process exited with 1: boom"}
         t, times = self._times(t)
-        row = {"kind": "peer", "peer": "timm:vit bf16+compile", "rung": "peer bf16+compile",
-               "batch": 8, "step_time_s": 8 / t, "throughput": t, "throughput_unit": "img/s",
-               "error": None, "spread": spread(times)}
-        out = Path(args[args.index("--out") + 1])
-        out.write_text(json.dumps(row) + "\n")
-        return None
+        return {"kind": "peer", "peer": "timm:vit bf16+compile", "rung": "peer bf16+compile",
+                "batch": 8, "step_time_s": 8 / t, "throughput": t, "throughput_unit": "img/s",
+                "error": None, "spread": spread(times)}
 
 
 def _ladder(monkeypatch, tmp_path, fake, rungs=("fp32", "bf16"), **kw):
     monkeypatch.setattr(runner, "run_rung", fake.run_rung)
-    monkeypatch.setattr(runner, "_run_child", fake.run_child)
+    monkeypatch.setattr(confirm, "run_rung", fake.run_rung)
+    monkeypatch.setattr(confirm, "run_in_child", fake.run_in_child)
     spec = LadderSpec(workload="vit", size="tiny", rungs=list(rungs), steps=4, warmup=1,
                       device="cpu", base=Recipe(), peer=True, out=tmp_path / "rows.jsonl", **kw)
     return run_ladder(spec)
