@@ -93,12 +93,13 @@ def test_layers_whose_bias_a_kernel_adds_keep_their_float8_matmul(monkeypatch):
     # fc1 (bias + GELU kernel), fc2 and the attention projection (biases in the norms) run
     # their matmul without the bias; where fp8 made them Float8Linear that matmul stays float8
     from fasttrain.kernels import fp8_linear as fp8
+    from fasttrain.layers.linear import Float8Linear
     from fasttrain.layers.mlp import Mlp
 
     model = load_workload("vit", "tiny").build_model()
     linears = [m for blk in model.blocks for m in blk.modules() if type(m) is torch.nn.Linear]
     for m in linears:
-        m.__class__ = fp8.Float8Linear
+        m.__class__ = Float8Linear
     fused = _fused(model)
     for m in fused.modules():
         if isinstance(m, Mlp):
