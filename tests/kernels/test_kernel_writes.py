@@ -23,7 +23,9 @@ TESTS = Path(__file__).resolve().parents[1]
 def launches() -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS.parent / "src"), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, str(TESTS / "kernel_writes.py")], env=env,
+    # as a module from the repository root: run as a script, tests/ would come first on the
+    # path and tests/profile/ would shadow the standard library's profile module
+    done = subprocess.run([sys.executable, "-m", "tests.kernel_writes"], env=env, cwd=TESTS.parent,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
