@@ -1,4 +1,4 @@
-"""benchmarks/with_launch.py: it sets a kernel module's LAUNCH values and turns off
+"""benchmarks/runs/with_launch.py: it sets a kernel module's LAUNCH values and turns off
 AOTAutograd's cache (whose key does not hold those values) before it runs the command."""
 import importlib.util
 from pathlib import Path
@@ -26,24 +26,26 @@ def test_with_launch_sets_the_values_and_turns_off_the_aot_autograd_cache(monkey
 
     with kernels_interpreted():
         from fasttrain.kernels import activations
-    monkeypatch.setattr(functorch_config, "enable_autograd_cache", True)
-    for key in ("stages", "bwd_warps"):
-        monkeypatch.setitem(activations.LAUNCH, key, activations.LAUNCH[key])
-    seen = {}
+    # config.patch restores the flag the script sets (monkeypatch's undo deletes a torch config
+    # entry, which broke every later compile in the same process)
+    with functorch_config.patch(enable_autograd_cache=True):
+        for key in ("stages", "bwd_warps"):
+            monkeypatch.setitem(activations.LAUNCH, key, activations.LAUNCH[key])
+        seen = {}
 
-    def fake_main(argv):
-        seen.update(argv=argv, launch=dict(activations.LAUNCH),
-                    cache=functorch_config.enable_autograd_cache)
-        return 0
+        def fake_main(argv):
+            seen.update(argv=argv, launch=dict(activations.LAUNCH),
+                        cache=functorch_config.enable_autograd_cache)
+            return 0
 
-    monkeypatch.setattr(fasttrain.cli, "main", fake_main)
-    argv = ["train", "vit", "--size", "tiny", "--steps", "2"]
-    assert _script().main(["activations", "stages=1", "bwd_warps=8", "--", *argv]) == 0
-    assert seen["argv"] == argv
-    assert (seen["launch"]["stages"], seen["launch"]["bwd_warps"]) == (1, 8)
-    assert seen["cache"] is False
+        monkeypatch.setattr(fasttrain.cli, "main", fake_main)
+        argv = ["train", "vit", "--size", "tiny", "--steps", "2"]
+        assert _script().main(["activations", "stages=1", "bwd_warps=8", "--", *argv]) == 0
+        assert seen["argv"] == argv
+        assert (seen["launch"]["stages"], seen["launch"]["bwd_warps"]) == (1, 8)
+        assert seen["cache"] is False
 
-    # a key the module does not have, and a command that would run in other processes
-    assert _script().main(["activations", "nope=1", "--", *argv]) == 2
-    assert "activations.LAUNCH has no 'nope'" in capsys.readouterr().err
-    assert _script().main(["activations", "stages=1", "--", "ladder", "vit"]) == 2
+        # a key the module does not have, and a command that would run in other processes
+        assert _script().main(["activations", "nope=1", "--", *argv]) == 2
+        assert "activations.LAUNCH has no 'nope'" in capsys.readouterr().err
+        assert _script().main(["activations", "stages=1", "--", "ladder", "vit"]) == 2

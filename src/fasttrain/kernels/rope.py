@@ -3,7 +3,7 @@
 What is fused
     ``rope(q, k, cos, sin)`` returns ``(rot(q), rot(k))`` with
     ``rot(x) = x * cos + cat([-x2, x1], -1) * sin`` (x1, x2 the two halves of the head dim:
-    the half-split layout of ``fasttrain.workloads.llama.apply_rope`` and transformers), for
+    the half-split layout of ``fasttrain.layers.rope.apply_rope`` and transformers), for
     q of shape (B, Hq, T, D) and k of shape (B, Hk, T, D) (Hk may differ from Hq: GQA). One
     launch rotates both: one program per token (b, t) loads that position's cos/sin row once
     and rotates every head of q and of k, reading each element once and writing it once,
