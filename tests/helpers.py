@@ -77,3 +77,27 @@ def check_exact_gelu(bias_gelu, device: str, points: int) -> None:
     ref.backward(torch.ones_like(ref))
     torch.testing.assert_close(y.double(), ref.detach(), rtol=0, atol=2e-6)
     torch.testing.assert_close(z.grad.double(), z2.grad, rtol=0, atol=5e-7)
+
+
+def child_job_row(spec):
+    """A ``run.child`` job: its row echoes what the spec carried."""
+    return {"workload": spec.workload, "steps": spec.steps, "recipe": spec.recipe}
+
+
+def child_job_raises(spec):
+    """A ``run.child`` job that crashes."""
+    raise RuntimeError("boom in the child")
+
+
+def child_job_user_error(spec):
+    """A ``run.child`` job that fails with a user's error."""
+    from fasttrain.errors import FasttrainError
+
+    raise FasttrainError("batch 3 is not divisible by 2 processes")
+
+
+def child_job_hangs(spec):
+    """A ``run.child`` job that never returns."""
+    import time
+
+    time.sleep(600)

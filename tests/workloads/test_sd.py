@@ -362,7 +362,11 @@ def test_sd_up_block_backward_hands_dense_gradients_to_its_convolutions():
     for m in blk.modules():
         if getattr(m, "fused_kind", None) == "groupnorm":
             m.use_fused(True)
-    blk = torch.compile(blk.to(memory_format=torch.channels_last), fullgraph=True)
+    # static shapes, as the compile technique compiles: in one process with the other GPU tests,
+    # ResnetBlock.forward has been compiled at other shapes already, and dynamo's automatic
+    # dynamic shapes would trace this block symbolically (which the realized prim cannot lower)
+    torch._dynamo.reset()
+    blk = torch.compile(blk.to(memory_format=torch.channels_last), fullgraph=True, dynamic=False)
 
     def nhwc(*shape):
         return (torch.randn(*shape, device="cuda", dtype=torch.bfloat16)

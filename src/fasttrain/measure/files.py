@@ -1,19 +1,23 @@
 """Files that are never seen half-written, and where fasttrain keeps what it makes.
 
 Every file fasttrain writes for a reader (a result row file's new line, a checkpoint's metadata,
-a compile cache, a recipe, a synthetic data set) goes through :func:`write_atomic` or
-:func:`append_line`: a crash, a kill or a full disk leaves the old file or the whole new one,
-never a part.
+a compile cache, a recipe, a synthetic data set) goes through :func:`write_atomic`,
+:func:`append_line` or, for a folder of files, :func:`write_folder_atomic`: a crash, a kill or
+a full disk leaves the old file or the whole new one, never a part.
 """
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Callable, Union
 
 Content = Union[str, bytes, Callable[[Path], None]]
 """Text, bytes, or a function that writes the file at the path it is given (numpy's
 ``tofile``, ``Image.save``)."""
+
+COMPLETE = ".complete"
+"""The marker file of a folder that :func:`write_folder_atomic` finished."""
 
 
 def write_atomic(path: str | Path, data: Content) -> Path:
@@ -33,6 +37,29 @@ def write_atomic(path: str | Path, data: Content) -> Path:
     finally:
         tmp.unlink(missing_ok=True)  # only left when the write failed
     return path
+
+
+def write_folder_atomic(folder: str | Path, fill: Callable[[Path], None]) -> Path:
+    """A folder written whole or not at all: ``fill`` writes its files into a temporary folder
+    beside it, which is marked complete and renamed into place. A complete folder already there
+    is reused as it is (another process won the race, or an earlier run made it). Returns
+    ``folder``."""
+    folder = Path(folder)
+    if (folder / COMPLETE).exists():
+        return folder
+    tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        fill(tmp)
+        (tmp / COMPLETE).touch()
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process renamed its complete copy into place first
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
 
 
 def append_line(path: str | Path, line: str) -> None:

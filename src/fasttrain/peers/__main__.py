@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from ..measure.rows import append_row
 from . import PEERS, run_peer
 
 
@@ -27,8 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     line = json.dumps(row)
     print(line)
     if args.out:
-        with open(args.out, "a") as f:  # one write of one line: rows from parallel runs stay whole
-            f.write(line + "\n")
+        append_row(args.out, row)  # one fsynced line: rows from parallel runs stay whole
     return 0 if row["error"] is None else 1
 
 

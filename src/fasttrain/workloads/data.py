@@ -9,57 +9,45 @@ recipe sees the same batches whatever its worker count — the basis of loss par
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..measure.files import cache_root, write_atomic
+from ..measure.files import cache_root, write_atomic, write_folder_atomic
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def _done_marker(folder: Path) -> Path:
-    return folder / ".complete"
-
-
 def write_synthetic_images(folder: Path, count: int, size: int, classes: int, seed: int) -> Path:
     """Write ``count`` deterministic JPEGs (smooth colour fields + shapes) and a labels file.
 
-    Atomic: written into a temporary folder, renamed when complete; reused when present.
+    Atomic (``measure.files.write_folder_atomic``): a complete folder or none; reused when
+    present.
     """
-    from PIL import Image, ImageDraw
+    def fill(tmp: Path) -> None:
+        from PIL import Image, ImageDraw
 
-    if _done_marker(folder).exists():
-        return folder
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, classes, size=count).tolist()
-    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
-    for i in range(count):
-        c0, c1, c2 = rng.random((3, 3)).astype(np.float32)
-        img = np.stack([c0[k] + c1[k] * xx + c2[k] * yy for k in range(3)], axis=-1)
-        img = (np.clip(img / img.max(), 0, 1) * 255).astype(np.uint8)
-        pil = Image.fromarray(img)
-        draw = ImageDraw.Draw(pil)
-        for _ in range(3):
-            x0, y0 = rng.integers(0, size, 2)
-            w, h = rng.integers(size // 8, size // 2, 2)
-            draw.ellipse([int(x0), int(y0), int(x0 + w), int(y0 + h)],
-                         fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
-        pil.save(tmp / f"{i:06d}.jpg", quality=90)
-    (tmp / "labels.json").write_text(json.dumps(labels))
-    _done_marker(tmp).touch()
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process won the race; its copy is complete
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+        rng = np.random.default_rng(seed)
+        labels = rng.integers(0, classes, size=count).tolist()
+        yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+        for i in range(count):
+            c0, c1, c2 = rng.random((3, 3)).astype(np.float32)
+            img = np.stack([c0[k] + c1[k] * xx + c2[k] * yy for k in range(3)], axis=-1)
+            img = (np.clip(img / img.max(), 0, 1) * 255).astype(np.uint8)
+            pil = Image.fromarray(img)
+            draw = ImageDraw.Draw(pil)
+            for _ in range(3):
+                x0, y0 = rng.integers(0, size, 2)
+                w, h = rng.integers(size // 8, size // 2, 2)
+                draw.ellipse([int(x0), int(y0), int(x0 + w), int(y0 + h)],
+                             fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+            pil.save(tmp / f"{i:06d}.jpg", quality=90)
+        (tmp / "labels.json").write_text(json.dumps(labels))
+
+    return write_folder_atomic(folder, fill)
 
 
 def list_images(folder: Path) -> tuple[list[Path], list[int]]:
