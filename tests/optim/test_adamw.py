@@ -1,4 +1,4 @@
-"""fasttrain's one-launch AdamW (kernels/adamw.py) against PyTorch's AdamW + clip_grad_norm_ +
+"""fasttrain's one-launch AdamW (optim/adamw.py, its launches in kernels/adamw.py) against PyTorch's AdamW + clip_grad_norm_ +
 foreach EMA, in Triton's interpreter on the CPU: weights, both moments, step counts and the EMA
 over several steps, with channels-last and odd-sized tensors, weights without a gradient,
 state_dict round trips, DCP state dicts, bad input, and a training run through the recipe."""

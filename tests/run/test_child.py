@@ -22,8 +22,7 @@ def test_the_spec_survives_the_trip_as_json():
 def test_a_child_writes_its_jobs_row(tmp_path):
     row = run_in_child(_spec("child_job_row", steps=3, recipe={"seed": 1}), tmp_path, "a",
                        extra_env=ENV)
-    assert row == {"workload": "vit", "steps": 3, "recipe": {"seed": 1}, "error": None,
-                   "world_size": 1}
+    assert row == {"workload": "vit", "steps": 3, "recipe": {"seed": 1}, "error": None}
     assert {p.name for p in tmp_path.iterdir()} == {"a.spec.json", "a.row.json", "a.log"}
 
 

@@ -411,3 +411,36 @@ def test_bf16_mixed_master_weights_refuse_several_ranks_and_a_missing_kernel(mon
     with pytest.raises(FasttrainError, match="cannot run here: triton is not installed"):
         optimizer.apply(state)
     assert all(p.dtype == torch.float32 for p in state.model.parameters())
+
+
+def test_a_layer_with_use_fused_but_not_the_protocol_is_named_and_left_alone():
+    """A layer written to the old duck-typed contract (only ``use_fused``) is not switched
+    silently: the kernels switch names it and says how to fix it."""
+    from fasttrain import SimpleWorkload
+    from fasttrain.layers.fused import FusedPath
+
+    class OldStyle(torch.nn.Linear):
+        fused_kind = "gelu"
+
+        def use_fused(self, on):
+            raise AssertionError("must not be called")
+
+    class NewStyle(FusedPath, torch.nn.Linear):
+        fused_kind = "gelu"
+
+        def use_fused(self, on):
+            self.fused = on
+            return ["switched"]
+
+    def build():
+        return torch.nn.Sequential(OldStyle(4, 4), NewStyle(4, 2))
+
+    wl = SimpleWorkload(name="mine", build=build,
+                        data=lambda: [{"x": torch.randn(4), "y": torch.tensor(i % 2)}
+                                      for i in range(8)],
+                        loss_fn=lambda m, b: torch.nn.functional.cross_entropy(
+                            m(b["x"]), b["y"], reduction="sum"), default_batch=4)
+    res = train(wl, Recipe(kernels="gelu"), steps=1, warmup=0)
+    assert res.applied["kernels"] == "switched ×1"
+    assert any(w.startswith("kernels: OldStyle offer use_fused but not the rest")
+               for w in res.warnings), res.warnings

@@ -45,7 +45,7 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     from ..layers.conv import frozen_narrow
     from ..techniques.fp8 import fp8_targets
     from ..techniques.gemm_pad import odd_widths
-    from ..layers.fused import fused_layers
+    from ..layers.fused import StreamCarrier, fused_layers
 
     with torch.device("meta"):
         model = workload.build_model()
@@ -73,7 +73,7 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     # that have launch settings of their own for a 16-bit stream: ViT-B +3.3% on an H200
     # (train-stream-vit-20261125-0714), Swin-B +2.3% on an H100 (train-stream-swin-20261125-2133),
     # Llama-1B +2.0% on an H200 (train-llama-items-20261126-0052)
-    if any(hasattr(m, "stream_dtype") for m in model.modules()):
+    if any(isinstance(m, StreamCarrier) for m in model.modules()):
         axes.append(("bf16 stream", "stream_dtype", "bf16"))
     if odd_widths(model, 8):  # a linear width (a vocabulary) off the multiple of 8 tensor
         axes.append(("GEMM widths padded", "gemm_pad", 64))  # cores want: 64, as nanoGPT's

@@ -63,6 +63,13 @@ def fused_layers(model: torch.nn.Module) -> list[FusedLayer]:
     return [m for m in model.modules() if isinstance(m, FusedLayer)]
 
 
+def partial_fused_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Layers that offer ``use_fused`` without the rest of :class:`FusedLayer` (a layer of a
+    user's written before the protocol): they are not switched, and the caller says so."""
+    return [m for m in model.modules()
+            if callable(getattr(m, "use_fused", None)) and not isinstance(m, FusedLayer)]
+
+
 def triton_unavailable(device: torch.device) -> str | None:
     """Why fasttrain's Triton kernels cannot run on ``device`` here, or None if they can."""
     if importlib.util.find_spec("triton") is None:

@@ -55,7 +55,8 @@ def blank_row(kind: str, workload: str | None, size: str | None, rung: str | Non
               **fields: Any) -> dict[str, Any]:
     """:func:`make_row` with every measured key present (None until measured): for rows whose
     run may fail before it measures anything (a peer that cannot import its package)."""
-    return make_row(kind, workload, size, rung, **{**dict.fromkeys(MEASURED_KEYS), **fields})
+    blank = {k: None for k in MEASURED_KEYS if k not in fields}
+    return make_row(kind, workload, size, rung, **fields, **blank)
 
 
 def append_row(path: str | Path, row: dict[str, Any]) -> None:

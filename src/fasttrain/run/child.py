@@ -92,7 +92,6 @@ def main(argv: list[str]) -> int:
     row = run_job(spec)
     d = current()
     if d.main:  # under torchrun every rank runs the job; rank 0 reports it
-        row["world_size"] = d.world
         write_atomic(Path(argv[1]), json.dumps(row))
     shutdown()
     if row.get("error") and not d.main:  # fail the job so torchrun reports this rank's cause
@@ -150,7 +149,10 @@ def train_job(spec: ChildSpec) -> dict:
     wl = load_workload(spec.workload, spec.size, seed=spec.recipe.get("seed", 0), data=spec.data,
                        **spec.options)
     recipe = Recipe().replace(**spec.recipe)
-    return train(wl, recipe, steps=spec.steps, warmup=spec.warmup, device=spec.device).to_row()
+    row = train(wl, recipe, steps=spec.steps, warmup=spec.warmup, device=spec.device).to_row()
+    from ..distributed.env import current
+
+    return {**row, "world_size": current().world}
 
 
 if __name__ == "__main__":

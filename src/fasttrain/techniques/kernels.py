@@ -16,7 +16,7 @@ from collections import Counter
 
 from torch import nn
 
-from ..layers.fused import fused_layers, triton_unavailable
+from ..layers.fused import fused_layers, partial_fused_layers, triton_unavailable
 from ..recipe import kernel_families
 from .base import Phase, Technique, TrainState
 
@@ -35,6 +35,11 @@ def apply(state: TrainState) -> str | None:
     wanted = kernel_families(state.recipe.kernels)
     if "conv" in wanted:
         _frozen_narrow_convs(state.model)
+    partial = sorted({type(m).__name__ for m in partial_fused_layers(state.model)})
+    if partial:
+        state.warn("kernels", f"{', '.join(partial)} offer use_fused but not the rest of "
+                   "layers.fused.FusedLayer (fused_kind, fused, fused_triton, replaces_sdpa, "
+                   "attention_name): left as they are; inherit layers.fused.FusedPath")
     layers = fused_layers(state.model)
     missing = sorted(wanted - {m.fused_kind for m in layers})
     if missing and state.recipe.kernels != "fused":

@@ -6,7 +6,7 @@ When it helps: a fused AdamW on GPUs with many parameter tensors — the source 
 momentum keeps one state tensor instead of AdamW's two (the source's lean recipe, with a cosine
 schedule). Master weights keep bf16-true training from losing small updates to bf16 rounding.
 Offload moves optimizer state and master weights to pinned CPU memory and runs the update there.
-``triton`` (fasttrain.kernels.adamw) goes further for AdamW: gradient clipping, the update and
+``triton`` (fasttrain.optim.adamw) goes further for AdamW: gradient clipping, the update and
 the EMA in one launch over every tensor, 40 bytes of memory traffic per weight instead of 52.
 With bf16-mixed, ``master_weights`` stores the weights that autocast would cast to bf16 on every
 step (those of linear and convolution layers) in bf16, and the one-launch AdamW keeps their fp32
