@@ -135,8 +135,7 @@ def _base_recipe(args):
 
 
 def cmd_ladder(args) -> int:
-    from .ladder.runner import LadderSpec
-    from .ladder.runner import run_ladder
+    from .ladder.runner import LadderSpec, run_ladder
     from .report.live import show_progress
     from .report.table import ratio_warning
 

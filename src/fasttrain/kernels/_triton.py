@@ -117,12 +117,21 @@ def realized(t: torch.Tensor) -> torch.Tensor:
     return torch.ops.prims.inductor_force_stride_order(t, t.stride())
 
 
+def unavailable_on(device_type: str) -> str | None:
+    """Why the Triton kernels cannot run on this device type in this process, or None if they
+    can. Interpreted kernels run on host memory only: handed CUDA tensors, the interpreter
+    works on host copies while kernels that address tensors by raw offsets (the one-launch
+    AdamW's table) read and write arbitrary host memory."""
+    if INTERPRETED:
+        return None if device_type == "cpu" else ("this process runs Triton's interpreter "
+                                                  f"(TRITON_INTERPRET=1), not on {device_type}")
+    return None if device_type == "cuda" else \
+        f"Triton kernels need a CUDA device (or TRITON_INTERPRET=1), not {device_type}"
+
+
 def runs_on(t: torch.Tensor) -> bool:
-    """Whether the Triton kernels can run on ``t``'s device in this process. Interpreted kernels
-    run on host memory only: handed CUDA tensors, the interpreter works on host copies while
-    kernels that address tensors by raw offsets (the one-launch AdamW's table) read and write
-    arbitrary host memory."""
-    return t.device.type == "cpu" if INTERPRETED else t.is_cuda
+    """Whether the Triton kernels can run on ``t``'s device in this process."""
+    return unavailable_on(t.device.type) is None
 
 
 def op(name: str, opaque: bool = False):

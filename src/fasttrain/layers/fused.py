@@ -74,10 +74,6 @@ def triton_unavailable(device: torch.device) -> str | None:
     """Why fasttrain's Triton kernels cannot run on ``device`` here, or None if they can."""
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
-    from ..kernels._triton import INTERPRETED
+    from ..kernels._triton import unavailable_on
 
-    if device.type == "cuda":
-        return None if not INTERPRETED else \
-            "this process runs Triton's interpreter (TRITON_INTERPRET=1), which cannot run on CUDA"
-    return None if INTERPRETED else \
-        f"Triton kernels need a CUDA device (or TRITON_INTERPRET=1), not {device.type}"
+    return unavailable_on(device.type)

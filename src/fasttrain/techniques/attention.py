@@ -129,7 +129,7 @@ def probe(state: TrainState) -> Iterator[None]:
     line, fell_back = verdict(state.recipe.attention, kernels_from_profile(prof), reasons.reasons)
     if fell_back:
         state.warn("attention", line)
-    state.applied["attention"] = f"{state.applied.get('attention', '')}; {line}".lstrip("; ")
+    state.note("attention", line)
 
 
 TECHNIQUE = Technique(

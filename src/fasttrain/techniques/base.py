@@ -102,6 +102,11 @@ class TrainState:
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
+    def note(self, technique: str, line: str) -> None:
+        """Add ``line`` to what ``technique`` reports in the row's ``applied``."""
+        before = self.applied.get(technique)
+        self.applied[technique] = f"{before}; {line}" if before else line
+
     def warn(self, technique: str, message: str) -> None:
         """A switch that matched nothing or fell back: recorded, never silent."""
         self.warnings.append(f"{technique}: {message}")

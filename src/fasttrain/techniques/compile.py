@@ -177,7 +177,7 @@ def finish(state: TrainState) -> None:
         state.warn("compile", limit_warning(state.compile_stats))
     saved = save_cache(state)
     if saved:
-        state.applied["compile"] = f"{state.applied.get('compile', '')}; {saved}".lstrip("; ")
+        state.note("compile", saved)
 
 
 TECHNIQUE = Technique(
