@@ -15,7 +15,8 @@ What is fused
 
 When they help
     Eager: 3-3.5× PyTorch's separate kernels (kernels-micro-norms-20261121-1352); compiled: see
-    the README. Mixed dtypes as autocast runs pre-norm blocks (bf16 branch, fp32 stream).
+    benchmarks/reports/2026-11-21-to-26-results-log.md. Mixed dtypes as autocast runs pre-norm
+    blocks (bf16 branch, fp32 stream).
 
 Numerics
     Statistics and reductions in fp32 whatever the input dtype (fp32, bf16, fp16). ``h`` comes

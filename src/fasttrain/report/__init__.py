@@ -1,1 +1,1 @@
-"""Tables rendered from result rows only (terminal via rich, Markdown for the README)."""
+"""Tables rendered from result rows only (terminal via rich, and Markdown)."""
