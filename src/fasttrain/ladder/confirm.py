@@ -10,7 +10,7 @@ from ..measure.steadiness import confirmed_ratio, needs_another
 from ..recipe import Recipe
 from ..run.child import ChildSpec, run_in_child
 from .search import FastSearch
-from .spec import emit, finish_row, run_rung
+from .spec import emit, finish_row, run_rung, speedup
 
 
 def best_rung(rows: list[dict], search: FastSearch | None) -> dict | None:
@@ -117,5 +117,5 @@ def peer_row(spec, wl, env, workdir, ref, on_start, i, total, repeat: int = 0) -
         row["repeat_of"], row["rung"] = row.get("rung"), f"{row.get('rung')}{label}"
     row["env"] = env
     if ref and not row.get("error"):
-        row["speedup"] = ref["step_time_s"] / row["step_time_s"] * row["batch"] / ref["batch"]
+        row["speedup"] = speedup(row, ref)
     return row

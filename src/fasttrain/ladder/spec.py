@@ -32,7 +32,7 @@ class LadderSpec:
     extra_rungs: list[tuple[str, Recipe]] = field(default_factory=list)
     nproc: int = 1  # processes per rung, launched through torchrun
     start_at: str | None = None  # run the first rung (the parity base), then from this rung on
-    confirm: bool = True  # with the peer: measure both sides again (A B B A), _Confirmation
+    confirm: bool = True  # with the peer: measure both sides again (A B B A), confirm.py
 
 
 def run_rung(spec: LadderSpec, name: str, recipe: Recipe, workdir: Path) -> dict:
@@ -55,8 +55,13 @@ def finish_row(row: dict, ref: dict | None, precision: str) -> dict:
         row["tflops"] = flops / row["step_time_s"] / 1e12
         if row.get("mfu") is not None and row.get("probe_flops"):
             row["mfu"] = row["mfu"] * flops / row["probe_flops"]
-    row["speedup"] = ref["step_time_s"] / row["step_time_s"] * row["batch"] / ref["batch"]
+    row["speedup"] = speedup(row, ref)
     return row
+
+
+def speedup(row: dict, ref: dict) -> float:
+    """Items a second of ``row`` over the reference's (step times scaled by the batches)."""
+    return ref["step_time_s"] / row["step_time_s"] * row["batch"] / ref["batch"]
 
 
 def emit(spec: LadderSpec, rows: list[dict], row: dict, on_row, i: int, total: int) -> None:
