@@ -10,6 +10,7 @@
 # lanes; the confirmation says so. GPU_TESTS (a pytest -k expression) runs those gpu-marked
 # tests first, before any lane starts; TRAIN="WORKLOAD:PRESET ..." adds `fasttrain train` rows
 # of other recipes after the presets of GPU 0 (train_rows.py reads them).
+# A workload whose name has a colon (timm:NAME) is written WORKLOAD=PRESET[=BASE] instead.
 #   PRESETS=swin:benchmarks/results/presets/swin-base-layernorm.toml bash benchmarks/runs/h200_preset_peer.sh
 . "$(dirname "$0")/lanes.sh"
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -20,7 +21,7 @@ for c in "${cmds[@]}"; do bash -c "$c"; done  # alone on the machine, before the
 lanes=()
 k=0
 for p in ${PRESETS:-}; do
-  IFS=: read -r w f b <<< "$p"
+  if [[ $p == *=* ]]; then IFS='=' read -r w f b <<< "$p"; else IFS=: read -r w f b <<< "$p"; fi
   g=$(( k++ % gpus ))
   lanes[g]+="python3 -m fasttrain ladder $w --size base --out $OUT/gpu$g --warmup 3 --rungs ${b:-${BASE:-fp32}} --recipe $f --peer"$'\n'
 done

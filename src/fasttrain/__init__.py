@@ -1,7 +1,8 @@
 """fasttrain: faster, leaner PyTorch training of transformer-style models — measured.
 
 Public API (imported lazily so ``import fasttrain`` stays cheap):
-``Recipe``, ``load_workload``, ``Workload``, ``SimpleWorkload``, ``train``, ``run_ladder``.
+``Recipe``, ``load_workload``, ``Workload``, ``SimpleWorkload``, ``train``, ``run_ladder``,
+``convert`` (a timm or transformers model's classes swapped for fasttrain's layers, in place).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ _LAZY = {
     "train": ("fasttrain.run.loop", "train"),
     "run_ladder": ("fasttrain.ladder.runner", "run_ladder"),
     "FasttrainError": ("fasttrain.errors", "FasttrainError"),
+    "convert": ("fasttrain.converters", "convert"),
 }
 
 

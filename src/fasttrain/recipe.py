@@ -117,6 +117,12 @@ class Recipe:
     Numerics: none."""
     channels_last: bool = False
     """NHWC memory format for convolution workloads."""
+    convert: bool = False
+    """Swap the public model classes fasttrain recognises (timm's ViT and Swin blocks, attention,
+    MLP, patch embedding; transformers' Llama, Mistral and Qwen2 decoder, RMSNorm, MLP, LM head
+    loss) for fasttrain layers that compute the same function and carry the fused paths, so
+    that ``kernels``, ``stream_dtype`` and ``master_weights`` reach them. Parameters keep their
+    names, shapes and dtypes. Numerics: none."""
     stream_dtype: str = "auto"
     """The residual stream of transformer blocks (ViT, Swin, Llama): auto (as precision leaves
     it: fp32 under bf16-mixed) | bf16 (cast once after the embeddings, as Megatron-LM does by

@@ -18,6 +18,7 @@ class Rung:
     changes: dict[str, Any]
     comment: str
     when: str = "always"  # always | ema (workload keeps an EMA) | channels_last (conv-heavy)
+    # | convert (a public model the converters reach)
     parity: str = "base"  # base: against the first rung | previous: the rung before | none
     parity_note: str = ""  # why a rung has no parity check
 
@@ -37,6 +38,8 @@ def default_rungs(workload: Workload) -> list[Rung]:
         Rung("ema-stream", {"ema": "side-stream"}, "foreach EMA on a side CUDA stream",
              when="ema"),
         Rung("channels-last", {"channels_last": True}, "NHWC convolutions", when="channels_last"),
+        Rung("convert", {"convert": True}, "public model classes swapped for fasttrain layers "
+             "(same function; the fused paths become available)", when="convert"),
         Rung("compile", {"compile": scope}, f"torch.compile ({scope})"),
         Rung("cuda-graphs", {"cuda_graphs": True}, "whole-step CUDA graph"),
     ]
@@ -70,7 +73,8 @@ RUNG_SETS = {"default": default_rungs, "memory": memory_rungs}
 def build_ladder(workload: Workload, names: list[str] | None, base: Recipe) -> list[tuple[Rung, Recipe]]:
     """(rung, cumulative recipe) pairs; ``names`` picks a subset in order (cumulative over it)."""
     wants = {"always": True, "ema": workload.has_ema,
-             "channels_last": getattr(workload, "prefers_channels_last", False)}
+             "channels_last": getattr(workload, "prefers_channels_last", False),
+             "convert": workload.converts}
     rungs = [r for r in default_rungs(workload) if wants[r.when]]
     if names == ["none"]:  # only the peer
         return []

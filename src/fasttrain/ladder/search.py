@@ -49,6 +49,10 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
 
     with torch.device("meta"):
         model = workload.build_model()
+    if workload.converts:  # the search starts at the convert rung: it tunes the converted layers
+        from ..converters import convert
+
+        convert(model, check=False)
     axes: list[tuple[str, str, Any]] = [("graphs", "cuda_graphs", True)]
     # clipping, AdamW and the EMA in one launch: a memory-bound step, so it pays where the
     # weights are many for the FLOPs (SD's 860 M with an EMA; Llama's optimizer step)

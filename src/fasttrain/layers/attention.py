@@ -68,6 +68,30 @@ def gemm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return torch.bmm(probs, v3).view(B, H, Tq, D)
 
 
+def native_gqa(q: torch.Tensor) -> bool:
+    """Whether SDPA can take fewer KV heads than query heads (``enable_gqa``) for ``q``.
+
+    CPU and CUDA's flash and math kernels accept it; CUDA's memory-efficient kernel rejects
+    unequal head counts ("No available kernel" under sdpa_kernel, torch 2.11 on an H200) and
+    cuDNN's support varies by version, so where flash cannot run the KV heads are expanded with
+    repeat_interleave instead. Dynamo treats ``flash_sdp_enabled()`` as a constant.
+    """
+    if q.device.type != "cuda":
+        return True
+    return torch.backends.cuda.flash_sdp_enabled() and q.dtype in (torch.float16, torch.bfloat16)
+
+
+def causal_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of (B, H, T, D) queries over (B, KV, T, D) keys and values, KV dividing
+    H: SDPA's own GQA where it takes it (``native_gqa``), else the KV heads repeated."""
+    gqa = k.shape[1] != q.shape[1]
+    if gqa and not native_gqa(q):
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, T, D)
+        gqa = False
+    return attention(q, k, v, causal=True, enable_gqa=gqa)
+
+
 class SelfAttention(FusedPath, nn.Module):
     """Multi-head self-attention. Plain: the qkv projection viewed as (3, B, heads, T, D), SDPA,
     the heads put back side by side. Fused (``kernels=attention``): ``kernels/seq_attention.py``,
@@ -85,6 +109,10 @@ class SelfAttention(FusedPath, nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def use_fused(self, on: bool) -> list[str]:
+        head_dim = self.qkv.out_features // (3 * self.heads)
+        if on and head_dim > FUSED_MAX_HEAD_DIM:
+            return [f"self-attention of head dim {head_dim} kept on SDPA (Triton kernel: "
+                    f"≤ {FUSED_MAX_HEAD_DIM})"]
         self.fused = on
         return ["self-attention from the qkv projection's layout in one Triton kernel each way"]
 

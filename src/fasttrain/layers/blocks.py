@@ -10,7 +10,7 @@ blocks compute what they always did. Parameters and their names are unchanged.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -20,33 +20,48 @@ Branch = Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]
 stream: for the next block's norm1 to add."""
 
 
+Post = Optional[tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]]
+"""What a block does to its attention and MLP branches before adding them to the stream (a
+public model's layer scale and stochastic depth), or None."""
+
+
 def pre_norm_block(block: nn.Module, x: torch.Tensor, branch: Branch, hand_on: bool,
-                   mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Branch]:
+                   mask: torch.Tensor | None = None, post: Post = None
+                   ) -> tuple[torch.Tensor, Branch]:
     """One block with ``norm1``, ``attn(x, mask, proj_bias)``, ``norm2`` (``layers.norm.LayerNorm``)
     and ``mlp(x, fc2_bias)``. ``branch``: the previous block's, added by norm1. ``hand_on``: a
-    next block follows, so on the fused path the MLP branch is returned unadded."""
+    next block follows, so on the fused path the MLP branch is returned unadded. ``post``: the
+    functions applied to the attention and MLP branches before they are added; the branches
+    then keep their biases (the norms still add them to the stream)."""
     if branch is None:
         y = block.norm1(x)
     else:
         y, x = block.norm1.add(branch[0], x, branch[1])
-    fuse = block.norm2.takes_bias()
+    fuse = block.norm2.takes_bias() and post is None
     a = block.attn(y, mask, proj_bias=not fuse)
+    if post is not None:
+        a = post[0](a)
     y, x = block.norm2.add(a, x, block.attn.proj.bias if fuse else None)
+    if post is not None:
+        m = post[1](block.mlp(y))
+        return (x, (m, None)) if hand_on else (x + m, None)
     if hand_on:  # run_blocks hands on only where the norms are fused
         return x, (block.mlp(y, fc2_bias=False), block.mlp.fc2.bias)
     return x + block.mlp(y), None
 
 
-def block_fp32_params(block: nn.Module) -> list[nn.Parameter]:
+def block_fp32_params(block: nn.Module, post: Post = None) -> list[nn.Parameter]:
     """The biases the fused norms add themselves, outside autocast's casts (bf16 master
-    weights leave them fp32, ``techniques/optimizer.py``)."""
-    if not block.norm2.takes_bias():
+    weights leave them fp32, ``techniques/optimizer.py``); none where ``post`` keeps them in
+    the branches."""
+    if not block.norm2.takes_bias() or post is not None:
         return []
     return [b for b in (block.attn.proj.bias, block.mlp.fc2.bias) if b is not None]
 
 
-def run_blocks(blocks: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
-    """Runs blocks (``block(x, branch, hand_on) -> (x, branch)``, with a ``norm2``) in order;
+def run_blocks(blocks: Sequence[nn.Module], x: torch.Tensor, links: bool = False) -> torch.Tensor:
+    """Runs blocks (``block(x, branch, hand_on) -> (x, branch)``, with a ``norm2``; with
+    ``links``, :class:`ChainLink` blocks called by keyword) in order;
     each but the last hands its MLP branch on to the next where its norms are fused (elsewhere
     ``hand_on`` stays False, so that compiled blocks see one value and compile once). Not across
     FSDP-sharded blocks: a block's bias may only be read while its parameters are gathered."""
@@ -56,6 +71,34 @@ def run_blocks(blocks: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
     for i, blk in enumerate(blocks):
         hand_on = (i + 1 < len(blocks) and blk.norm2.takes_bias()
                    and not isinstance(blk, FSDPModule))
-        x, branch = blk(x, branch, hand_on)
+        if links:
+            x, branch = blk(x, branch=branch, hand_on=hand_on, chained=True)
+        else:
+            x, branch = blk(x, branch, hand_on)
     assert branch is None, "the last block adds its own MLP branch"
     return x
+
+
+class ChainLink:
+    """A pre-norm block of a public model converted in place (``fasttrain.convert``): its forward
+    keeps the library's signature and returns a tensor, and, called with ``chained=True``,
+    takes and returns the ``branch`` as ``pre_norm_block`` does, for :class:`ChainedBlocks`."""
+
+
+def chainable(module: nn.Module) -> bool:
+    return isinstance(module, ChainLink)
+
+
+class ChainedBlocks(nn.Sequential):
+    """An ``nn.Sequential`` of :class:`ChainLink` blocks (a converted timm model's ``blocks``)
+    run as ``run_blocks`` runs them: on fused norms each block's MLP branch is added by the next
+    block's first norm. Carries the residual stream in ``stream_dtype`` where set (the
+    ``stream_dtype`` technique). Iterating it, indexing it and its state dict are those of the
+    ``nn.Sequential`` it was."""
+
+    stream_dtype: torch.dtype | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stream_dtype is not None:
+            x = x.to(self.stream_dtype)
+        return run_blocks(self, x, links=True)

@@ -11,6 +11,7 @@ with ``use_fused(on)``, which returns what it did in words. ``FusedPath`` gives 
 from __future__ import annotations
 
 import importlib.util
+from collections import Counter
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -77,3 +78,21 @@ def triton_unavailable(device: torch.device) -> str | None:
     from ..kernels._triton import unavailable_on
 
     return unavailable_on(device.type)
+
+
+def switch_fused(layers: list[FusedLayer], families: frozenset[str], device: torch.device
+                 ) -> tuple[Counter, set[str], str | None]:
+    """Switch on the fused path of each layer whose family is in ``families``: what was switched
+    (``use_fused``'s words, counted), the families kept plain because their Triton kernels
+    cannot run on ``device``, and why."""
+    no_triton = triton_unavailable(device)
+    done: Counter = Counter()
+    kept: set[str] = set()
+    for module in layers:
+        if module.fused_kind not in families:
+            continue
+        if no_triton and module.fused_triton:
+            kept.add(module.fused_kind)
+            continue
+        done.update(module.use_fused(True))
+    return done, kept, no_triton

@@ -30,10 +30,17 @@ class PatchEmbed(FusedPath, nn.Conv2d):
         self.as_gemm = on
         return [f"{self.patch}x{self.patch} patch embedding as one GEMM"]
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolution's (B, dim, H/p, W/p); on the GEMM path a permuted view of the GEMM's
+        rows, so a caller that flattens it to tokens (timm's PatchEmbed) copies nothing."""
+        if not self.as_gemm:
+            return super().forward(x)
+        return self.tokens(x).permute(0, 3, 1, 2)
+
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images → (B, H/p, W/p, dim) patch embeddings."""
         if not self.as_gemm:
-            return self(x).permute(0, 2, 3, 1)
+            return super().forward(x).permute(0, 2, 3, 1)
         B, C, H, W = x.shape
         p = self.patch
         if H % p or W % p:

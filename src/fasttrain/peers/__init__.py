@@ -25,13 +25,23 @@ PEERS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def peer_entry(workload: str) -> tuple[str, str, str] | None:
+    """(module, default peer recipe, what it is) of a peer workload; ``timm:NAME`` for any timm
+    model (the peer of the ``timm:NAME`` workload)."""
+    if workload.startswith("timm:") and workload != "timm:":
+        return ("timm_peers", "bf16+compile", f"timm {workload[5:]}")
+    if workload == "hf:llama":
+        return ("hf_llama_peer", "bf16+compile", "transformers causal LM (the hf:llama workload's)")
+    return PEERS.get(workload)
+
+
 def list_peers() -> dict[str, str]:
     """Peer workload names and what each runs."""
     return {name: what for name, (_, _, what) in PEERS.items()}
 
 
 def _builder(workload: str) -> Callable:
-    return importlib.import_module(f"{__name__}.{PEERS[workload][0]}").build
+    return importlib.import_module(f"{__name__}.{peer_entry(workload)[0]}").build
 
 
 def _one_line(err: BaseException) -> str:
@@ -45,26 +55,30 @@ def _one_line(err: BaseException) -> str:
 
 def run_peer(workload: str, size: str = "base", batch: int | None = None, steps: int = 20,
              warmup: int = 5, peer_recipe: str | None = None, device: str | None = None,
-             tiny: bool = False, compile_on_cpu: bool = False, seed: int = 0) -> dict:
+             tiny: bool = False, compile_on_cpu: bool = False, seed: int = 0,
+             options: dict | None = None) -> dict:
     """Train one peer for ``warmup`` + ``steps`` steps and return its result row (never raises).
 
     ``peer_recipe`` defaults to the workload's best practice ("bf16+compile"; "bf16" for
     llama-liger). ``tiny`` builds miniatures of the same public classes; on CPU they run eager
-    unless ``compile_on_cpu``.
+    unless ``compile_on_cpu``. ``options``: the workload's options that shape the public model
+    (``timm:NAME``: ``drop_path_rate``; ``hf:llama``: ``config``, ``seq_len``).
     """
     import torch
 
     from .loop import RECIPES, measure, precision_flags
 
-    peer_recipe = peer_recipe or (PEERS[workload][1] if workload in PEERS else "bf16+compile")
+    entry = peer_entry(workload)
+    peer_recipe = peer_recipe or (entry[1] if entry else "bf16+compile")
     if size == "tiny":  # the ladder's size name for the miniature
         size, tiny = "base", True
     row = blank_row("peer", workload, "tiny" if tiny else size, f"peer {peer_recipe}",
                     peer=f"{workload} {peer_recipe}", batch=batch, steps=steps, applied={},
                     recipe={"peer_recipe": peer_recipe})
     try:
-        if workload not in PEERS:
-            raise ValueError(f"unknown peer workload {workload!r} (known: {', '.join(PEERS)})")
+        if entry is None:
+            raise ValueError(f"unknown peer workload {workload!r} (known: {', '.join(PEERS)}, "
+                             "timm:NAME, hf:llama)")
         if peer_recipe not in RECIPES:
             raise ValueError(f"unknown peer_recipe {peer_recipe!r} (known: {', '.join(RECIPES)})")
         if steps < 1 or warmup < 0:
@@ -74,7 +88,9 @@ def run_peer(workload: str, size: str = "base", batch: int | None = None, steps:
         compile_ = recipe.compile and (dev.type != "cpu" or compile_on_cpu)
         torch.manual_seed(seed)
         with precision_flags(recipe):
-            spec = _builder(workload)(workload, size, batch, dev, tiny, recipe)
+            build = _builder(workload)
+            extra = {"options": options or {}} if workload.startswith(("timm:", "hf:")) else {}
+            spec = build(workload, size, batch, dev, tiny, recipe, **extra)
             row.update(peer=f"{spec.public} {peer_recipe}", batch=spec.batch)
             row["recipe"] = _recipe_dict(recipe, spec, dev, compile_, warmup, seed)
             measured = measure(spec, recipe, dev, steps, warmup, compile_)
@@ -119,4 +135,4 @@ def peer_job(spec: Any) -> dict:
     ``fasttrain.peers:peer_job``; the workload's default peer recipe at ``spec.batch``."""
     return run_peer(spec.workload, size=spec.size, batch=spec.batch, steps=spec.steps,
                     warmup=spec.warmup, device=spec.device,
-                    peer_recipe=spec.recipe.get("peer_recipe"))
+                    peer_recipe=spec.recipe.get("peer_recipe"), options=spec.options)

@@ -12,7 +12,7 @@ from . import PEERS, run_peer
 def main(argv: list[str] | None = None) -> int:
     """Exit status 0 when the row has no error, 1 otherwise (the row is printed either way)."""
     ap = argparse.ArgumentParser(prog="python -m fasttrain.peers", description=__doc__)
-    ap.add_argument("workload", choices=sorted(PEERS))
+    ap.add_argument("workload", help=f"{', '.join(sorted(PEERS))}, or timm:NAME")
     ap.add_argument("--size", default="base")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--steps", type=int, default=20)

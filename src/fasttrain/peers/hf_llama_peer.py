@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import inspect
+import json
+from pathlib import Path
 
 import torch
 
@@ -31,28 +33,55 @@ def llama_config(transformers, fields: dict):
     return transformers.LlamaConfig(**fields, attn_implementation="sdpa")
 
 
-def build(workload: str, size: str, batch: int | None, device: torch.device, tiny: bool, recipe) -> PeerSpec:
-    """LlamaForCausalLM with random weights; labels = input_ids (the model shifts them)."""
+def causal_lm_config(transformers, size: str, config_file: str | None = None):
+    """The config of the ``hf:llama`` workload and its peer: Llama-3.2-1B's shapes (``base``) or
+    their miniature (``tiny``), or a ``config.json`` of a Llama, Mistral or Qwen2 model (its
+    ``model_type`` picks the class); attention through SDPA, no KV cache."""
+    if config_file is None:
+        if size not in ("base", "tiny"):
+            raise ValueError(f"hf:llama comes in sizes base (Llama-3.2-1B shapes) and tiny, "
+                             f"not {size!r}")
+        return llama_config(transformers, TINY if size == "tiny" else LLAMA_1B)
+    path = Path(config_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"config {config_file}: no such file")
+    fields = json.loads(path.read_text())
+    kind = fields.pop("model_type", None)
+    if kind not in ("llama", "mistral", "qwen2"):
+        raise ValueError(f"config {config_file}: model_type {kind!r} is not llama, mistral or "
+                         "qwen2")
+    for key in ("architectures", "transformers_version", "torch_dtype", "dtype"):
+        fields.pop(key, None)
+    return transformers.AutoConfig.for_model(kind, **dict(fields, use_cache=False),
+                                             attn_implementation="sdpa")
+
+
+def build(workload: str, size: str, batch: int | None, device: torch.device, tiny: bool, recipe,
+          options: dict | None = None) -> PeerSpec:
+    """LlamaForCausalLM with random weights; labels = input_ids (the model shifts them). The
+    ``hf:llama`` workload's peer takes its ``config`` option (a config.json) as well."""
     transformers = require("transformers")
     liger = workload == "llama-liger"
     if liger:
         require("liger_kernel.transformers", "liger-kernel")
     if size != "base":
         raise ValueError(f"peer {workload} has no size {size!r} (sizes: base = Llama-3.2-1B shapes)")
-    fields = TINY if tiny else LLAMA_1B
+    config_file = (options or {}).get("config")
+    config = causal_lm_config(transformers, "tiny" if tiny else "base", config_file)
+    fields = config.to_diff_dict() if config_file else (TINY if tiny else LLAMA_1B)
     default_batch, seq = SHAPES["tiny" if tiny else "base"]
+    seq = int((options or {}).get("seq_len") or seq)
     batch = batch or default_batch
-    config = llama_config(transformers, fields)
-    model = transformers.LlamaForCausalLM(config).to(device).train()
+    model = transformers.AutoModelForCausalLM.from_config(config).to(device).train()
     attn = getattr(model.config, "_attn_implementation", None)
     if attn != "sdpa":
         raise RuntimeError(f"LlamaForCausalLM chose attention {attn!r}, not sdpa")
-    ids = torch.randint(0, fields["vocab_size"], (batch, seq), device=device)  # (B, T)
+    ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)  # (B, T)
 
     def loss(mods: dict) -> torch.Tensor:
         return mods["model"](input_ids=ids, labels=ids).loss
 
-    info = {"config": dict(fields, rope=ROPE), "seq_len": seq, "attn_implementation": attn,
+    info = {"config": dict(fields, rope=ROPE) if not config_file else fields, "seq_len": seq, "attn_implementation": attn,
             "params": sum(p.numel() for p in model.parameters()),
             "transformers": package_version("transformers")}
     prepare = None
@@ -60,8 +89,9 @@ def build(workload: str, size: str, batch: int | None, device: torch.device, tin
         info["liger_kernel"] = package_version("liger-kernel")
         prepare = lambda: apply_liger(model)  # noqa: E731 — after FLOPs are counted on plain HF
     return PeerSpec(
-        public=("transformers+liger" if liger else "transformers")
-        + ":LlamaForCausalLM(Llama-3.2-1B" + (",tiny" if tiny else "") + ",sdpa)",
+        public=("transformers+liger" if liger else "transformers") + f":{type(model).__name__}("
+        + (Path(config_file).name if config_file else "Llama-3.2-1B") + (",tiny" if tiny else "")
+        + ",sdpa)",
         trainable=model, modules={"model": model}, loss=loss, batch=batch, units=batch * seq,
         unit="tok/s", info=info, prepare=prepare,
     )

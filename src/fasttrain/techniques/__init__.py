@@ -3,6 +3,8 @@
 Order and why:
   init           the model is built before everything (on the device, in the target dtype).
   allocator      before the first CUDA allocation of the process (checked, not assumed).
+  convert        public model classes swapped for fasttrain layers: before the probe, the
+                 stream cast and the kernels switch, which look for fasttrain's layers.
   channels_last  before precision and compile: compile specialises on the memory format.
   precision      before compile: bf16-true changes parameter dtypes that compile guards on.
   stream_dtype   the models' residual-stream cast: before compile, which traces it.
@@ -37,7 +39,7 @@ from ..recipe import Recipe
 from ..workloads.base import Workload
 from .base import Phase, Technique, TrainState
 
-_MODULES = ("init", "allocator", "channels_last", "precision", "stream",
+_MODULES = ("init", "allocator", "convert", "channels_last", "precision", "stream",
             "attention", "kernels", "fp8", "gemm_pad",
             "checkpointing", "compile", "sharding", "optimizer", "ema", "dataloader", "padding",
             "cuda_graphs", "graph_memsets", "accumulation")

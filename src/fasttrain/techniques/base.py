@@ -19,6 +19,7 @@ class Phase(IntEnum):
 
     INIT = 0
     ALLOCATOR = 1
+    CONVERT = 5
     CHANNELS_LAST = 10
     PRECISION = 20
     STREAM = 21

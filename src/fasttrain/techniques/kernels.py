@@ -16,7 +16,7 @@ from collections import Counter
 
 from torch import nn
 
-from ..layers.fused import fused_layers, partial_fused_layers, triton_unavailable
+from ..layers.fused import fused_layers, partial_fused_layers, switch_fused
 from ..recipe import kernel_families
 from .base import Phase, Technique, TrainState
 
@@ -40,20 +40,14 @@ def apply(state: TrainState) -> str | None:
         state.warn("kernels", f"{', '.join(partial)} offer use_fused but not the rest of "
                    "layers.fused.FusedLayer (fused_kind, fused, fused_triton, replaces_sdpa, "
                    "attention_name): left as they are; inherit layers.fused.FusedPath")
+    if state.workload.converts and not state.recipe.convert:
+        state.warn("kernels", f"{state.workload.name} is a public model: its classes have no "
+                   "fused paths until converted; set convert=true")
     layers = fused_layers(state.model)
     missing = sorted(wanted - {m.fused_kind for m in layers})
     if missing and state.recipe.kernels != "fused":
         state.warn("kernels", f"{state.workload.name} has no {', '.join(missing)} layer")
-    no_triton = triton_unavailable(state.device)
-    done: Counter = Counter()
-    kept: set[str] = set()
-    for module in layers:
-        if module.fused_kind not in wanted:
-            continue
-        if no_triton and module.fused_triton:
-            kept.add(module.fused_kind)
-            continue
-        done.update(module.use_fused(True))
+    done, kept, no_triton = switch_fused(layers, wanted, state.device)
     if kept:
         state.warn("kernels", f"{', '.join(sorted(kept))}: {no_triton}; plain path kept")
     replaced = Counter((m.fused_kind, m.attention_name) for m in layers

@@ -32,8 +32,10 @@ def apply(state: TrainState) -> str | None:
         return None
     carriers = [m for m in state.model.modules() if isinstance(m, StreamCarrier)]
     if not carriers:
+        hint = ("; set convert=true to swap its public classes for fasttrain's layers"
+                if state.workload.converts and not state.recipe.convert else "")
         state.warn("stream_dtype", f"{type(state.model).__name__} has no residual stream that "
-                   "fasttrain carries (ViT, Swin and Llama do); nothing changed")
+                   f"fasttrain carries (ViT, Swin and Llama do); nothing changed{hint}")
         return None
     for m in carriers:
         m.stream_dtype = torch.bfloat16

@@ -1,4 +1,5 @@
-"""Workload registry: a registered name (``vit``) or a user's ``package.module:factory``.
+"""Workload registry: a registered name (``vit``), a public model (``timm:NAME``, ``hf:llama``)
+or a user's ``package.module:factory``.
 
 A factory is called as ``factory(size=..., seed=..., data=..., **options)`` and returns a
 :class:`~fasttrain.workloads.base.Workload`. Registered factories are imported lazily, so
@@ -6,6 +7,7 @@ importing fasttrain never builds a model.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from typing import Any
@@ -20,10 +22,21 @@ REGISTRY: dict[str, str] = {
     "llama": "fasttrain.workloads.llama:make",
 }
 
-__all__ = ["REGISTRY", "SIZES", "SimpleWorkload", "Workload", "load_workload"]
+# public models: ``prefix:NAME`` calls the factory with ``model=NAME``
+PUBLIC: dict[str, str] = {
+    "timm": "fasttrain.workloads.timm_models:make",
+    "hf": "fasttrain.workloads.hf_models:make",
+}
+
+__all__ = ["PUBLIC", "REGISTRY", "SIZES", "SimpleWorkload", "Workload", "load_workload"]
 
 
 def _factory(spec: str):
+    prefix, _, name = spec.partition(":")
+    if prefix in PUBLIC:
+        if not name:
+            raise FasttrainError(f"workload {spec!r}: name the model, e.g. timm:vit_base_patch16_224")
+        return functools.partial(_factory(PUBLIC[prefix]), model=name)
     target = REGISTRY.get(spec, spec)
     if ":" not in target:
         raise FasttrainError(

@@ -30,6 +30,7 @@ class Workload:
     default_batch: int = 8
     has_ema: bool = False  # the reference recipe keeps an EMA of the trainable module
     conv: bool = False  # channels_last is meaningful
+    converts: bool = False  # a public model the converters reach: the ladder has a convert rung
     reference_lr: float = 1e-4  # the learning rate of a recipe that leaves lr at 0
     # Every batch of the same size holds the same number of items (no padding/ignored labels):
     # the loop counts once instead of syncing every step. SimpleWorkload counts every step.

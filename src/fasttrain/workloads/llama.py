@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..layers.attention import attention
+from ..layers.attention import attention, native_gqa
 from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
@@ -72,19 +72,6 @@ def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
     freqs = torch.outer(torch.arange(cfg.seq, dtype=torch.float32), rope_frequencies(cfg))
     emb = torch.cat([freqs, freqs], dim=-1)  # (T, D)
     return emb.cos(), emb.sin()
-
-
-def native_gqa(q: torch.Tensor) -> bool:
-    """Whether SDPA can take fewer KV heads than query heads (``enable_gqa``) for ``q``.
-
-    CPU and CUDA's flash and math kernels accept it; CUDA's memory-efficient kernel rejects
-    unequal head counts ("No available kernel" under sdpa_kernel, torch 2.11 on an H200) and
-    cuDNN's support varies by version, so where flash cannot run the KV heads are expanded with
-    repeat_interleave instead. Dynamo treats ``flash_sdp_enabled()`` as a constant.
-    """
-    if q.device.type != "cuda":
-        return True
-    return torch.backends.cuda.flash_sdp_enabled() and q.dtype in (torch.float16, torch.bfloat16)
 
 
 class Attention(nn.Module):

@@ -1,0 +1,64 @@
+"""What a converter is, and the registry that finds one for a module by its class.
+
+A converter recognises one public module class (by the class's import path, so the library is
+never imported to look: a model without timm converts nothing and imports no timm) and turns such
+a module, in place, into a fasttrain layer that computes the same function and carries a fused
+path. The swap changes the module's class and sets the few attributes the fasttrain layer
+reads; it never creates or renames a parameter or a persistent buffer, so the module's state
+dict keys, shapes and dtypes stay what the library made (pretrained weights and checkpoints load
+either way), and the parameter objects stay the same ones (an optimizer built before still
+holds them).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Converter:
+    """One public module class → one fasttrain layer."""
+
+    name: str
+    """Short name of what it converts, for reports: ``timm ViT Block``."""
+    sources: tuple[str, ...]
+    """Import paths (``module.QualName``) of the public class, in every library version that
+    defines it in a different module."""
+    becomes: str
+    """What the module becomes, in words."""
+    unsupported: Callable[[nn.Module], str | None]
+    """Why this module's configuration cannot be converted (None: it can)."""
+    swap: Callable[[nn.Module], None]
+    """Turns the module into the fasttrain layer, in place."""
+    sample: Callable[[nn.Module, torch.Generator], tuple[tuple, dict]] | None = None
+    """Positional and keyword inputs for the numeric self-check (tensors made on the CPU from the
+    generator): the converted module must give the original's output on them. None: no
+    self-check of its own."""
+
+
+_MODULES = ("timm_vit", "timm_swin", "hf_llama")
+"""The modules that define converters (``CONVERTERS`` in each), imported on first use."""
+
+
+def class_path(module: nn.Module) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def registry() -> dict[str, Converter]:
+    """Every converter, keyed by each import path it recognises."""
+    out: dict[str, Converter] = {}
+    for name in _MODULES:
+        for conv in importlib.import_module(f"{__package__}.{name}").CONVERTERS:
+            for source in conv.sources:
+                out[source] = conv
+    return out
+
+
+def list_converters() -> dict[str, str]:
+    """Converter names and what each module becomes."""
+    return {c.name: c.becomes for c in dict.fromkeys(registry().values())}
