@@ -1,10 +1,12 @@
-"""Command line: parse, call the library, render. User mistakes are one line, exit status 2."""
+"""Command line: parse, call the library, render. User mistakes are one line, exit status 2;
+a run that fails (a ladder rung's error or parity, a train run's non-finite loss) exits 1."""
 from __future__ import annotations
 
 import argparse
 import ast
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -109,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _out_path(args, kind: str, size: str, suffix: str = ".jsonl") -> Path:
     """``out/<kind>-<workload>-<size>-<time><suffix>`` (a module:factory made file-safe)."""
+    _out_folder(args.out)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     name = args.workload.replace(":", "_").replace(".", "_")
     return Path(args.out) / f"{kind}-{name}-{size}-{stamp}{suffix}"
@@ -119,9 +122,39 @@ def _device(arg: str) -> str:
 
     if arg == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(arg)
+    except RuntimeError:
+        raise FasttrainError(f"unknown device {arg!r}: use auto, cpu, cuda or cuda:N") from None
     if arg.startswith("cuda") and not torch.cuda.is_available():
         raise FasttrainError("--device cuda: CUDA is not available on this machine")
     return arg
+
+
+def _check_common(args) -> None:
+    """Values argparse accepts but no run can use: refused before anything starts."""
+    if args.steps < 1 or args.warmup < 0:
+        raise FasttrainError("--steps must be >= 1 and --warmup >= 0")
+    if args.nproc < 1 or args.nnodes < 1:
+        raise FasttrainError("--nproc and --nnodes must be >= 1")
+    if args.batch is not None and args.batch < 1:
+        raise FasttrainError("--batch must be >= 1 (leave it out for the workload's default)")
+    if getattr(args, "rung_timeout", None) is not None and args.rung_timeout <= 0:
+        raise FasttrainError("--rung-timeout must be > 0 seconds (leave it out for no limit)")
+
+
+def _out_folder(folder: str) -> None:
+    """--out must be a folder this user can write (created if missing)."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise FasttrainError(f"--out {folder} is a file, not a folder: give a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise FasttrainError(f"--out {folder}: cannot create the folder ({err.strerror}): "
+                             "give a folder you can write") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise FasttrainError(f"--out {folder} is not writable: give a folder you can write")
 
 
 def _base_recipe(args):
@@ -141,10 +174,11 @@ def cmd_ladder(args) -> int:
 
     device = _device(args.device)
     size = args.size or ("base" if device.startswith("cuda") else "tiny")
-    if args.steps < 1 or args.warmup < 0:
-        raise FasttrainError("--steps must be >= 1 and --warmup >= 0")
-    out = _out_path(args, "ladder", size)
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
+    if not rungs:
+        raise FasttrainError("--rungs names no rung: give rung names (fp32,bf16), 'default', "
+                             "'memory', 'fast' or 'none'")
+    out = _out_path(args, "ladder", size)
     base = _base_recipe(argparse.Namespace(recipe=None, set=args.set, batch=args.batch))
     extra = []
     if args.recipe:  # the file is measured as its own rung against the fp32 baseline
@@ -201,6 +235,12 @@ def cmd_train(args) -> int:
     print(json.dumps(make_row("train", args.workload, size, None, options=options,
                               recipe=recipe.to_dict(), **res.to_row(),
                               env=environment(device)), indent=1))
+    bad = res.first_nonfinite()
+    if bad is not None:  # the row is printed above; the run itself failed
+        print(f"fasttrain: error: the loss became {res.losses[bad - 1]} at step {bad} of "
+              f"{len(res.losses)}: lower the learning rate or check the data and the loss",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -352,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
+        if args.command not in ("report", "workloads"):
+            _check_common(args)
         if args.command in ("train", "profile") and (args.nproc > 1 or args.nnodes > 1):
             from .distributed.env import launched
             from .distributed.launch import relaunch

@@ -11,6 +11,7 @@ from ..errors import FasttrainError
 from ..measure.env import environment
 from ..measure.parity import compare
 from ..recipe import Recipe
+from ..run.loop import load_dataset
 from ..techniques import unmet_requirements
 from ..workloads import load_workload
 from ..measure.rows import make_row
@@ -46,6 +47,8 @@ def _check(row: dict, rung: Rung, ref: dict | None, prev: dict | None, recipe: R
 def _plan(spec: LadderSpec):
     wl = load_workload(spec.workload, spec.size, seed=spec.base.seed, data=spec.data,
                        **spec.options)
+    if spec.data is not None:  # a wrong data path is refused once, not by every rung
+        load_dataset(wl)
     plan = fast_plan(wl, spec.base) if spec.rungs == ["fast"] else \
         build_ladder(wl, spec.rungs, spec.base)
     if spec.start_at:

@@ -9,6 +9,7 @@ resumed run sees the batches the uninterrupted run would have.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -16,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..distributed import env as dist_env
-from ..errors import FasttrainError
+from ..errors import FasttrainError, describe_error
 from ..measure.files import write_atomic
 from ..techniques.base import TrainState
 
@@ -29,6 +30,17 @@ def check(state: TrainState) -> None:
         raise FasttrainError("checkpoints need a plain or FSDP2-sharded optimizer; offload, "
                              "bf16-true's master_weights and zero1 are not supported for "
                              "save/resume yet")
+
+
+def check_folder(folder: str | Path) -> None:
+    """A checkpoint goes into a folder this user can write: refused before the run, not after."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise FasttrainError(f"checkpoint folder {folder} is a file: give a folder to save into")
+    parent = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise FasttrainError(f"cannot write a checkpoint into {folder}: {parent} is not "
+                             "writable; give a folder you can write")
 
 
 def _masters(state: TrainState) -> dict[str, torch.Tensor]:
@@ -62,6 +74,7 @@ def save(state: TrainState, folder: str | Path, step: int) -> Path:
     dcp.save(_state(state), checkpoint_id=str(folder))
     if dist_env.current().main:
         meta = {"step": step, "recipe": state.recipe.to_dict(),
+                "workload": [state.workload.name, state.workload.size],
                 "scheduler": state.scheduler.state_dict() if state.scheduler else None,
                 "world": dist_env.current().world}
         write_atomic(folder / META, json.dumps(meta))
@@ -77,13 +90,22 @@ def load(state: TrainState, folder: str | Path) -> int:
         raise FasttrainError(f"no fasttrain checkpoint in {folder}")
     meta = json.loads((folder / META).read_text())
     saved, now = meta.get("recipe", {}), state.recipe.to_dict()
+    was, this = meta.get("workload"), [state.workload.name, state.workload.size]
+    if was and was != this:
+        raise FasttrainError(f"resume: {folder} holds a {' '.join(was)} checkpoint, this run is "
+                             f"{' '.join(this)}: resume it with the workload and size that saved it")
     # the data position and the state layout depend on these
     for key in ("batch", "ema", "optimizer", "accumulation", "precision", "master_weights"):
         if key in saved and saved[key] != now[key]:
             raise FasttrainError(f"resume: the checkpoint has {key}={saved[key]!r}, this run "
                                  f"{key}={now[key]!r}")
     target = _state(state)
-    dcp.load(target, checkpoint_id=str(folder))
+    try:
+        dcp.load(target, checkpoint_id=str(folder))
+    except (RuntimeError, KeyError, ValueError) as err:  # a checkpoint of another model
+        raise FasttrainError(f"resume: {folder} does not fit this model "
+                             f"({describe_error(err, 120)}): resume it with the workload, size "
+                             "and options that saved it") from None
     # loading a param group replaces its implementation flags with the saved run's: keep this
     # run's (fused, foreach, capturable), or a resume under another optimizer_impl runs slower
     flags = [{k: g[k] for k in ("fused", "foreach", "capturable") if k in g}

@@ -9,10 +9,11 @@ capture, allocator warm-up) and ``steps`` timed steps follow. Phases are timed w
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -64,11 +65,18 @@ class RunResult:
     def to_row(self) -> dict[str, Any]:
         return asdict(self)
 
+    def first_nonfinite(self) -> int | None:
+        """The first step (1-based, warm-up included) whose loss is NaN or inf, else None."""
+        return next((i + 1 for i, x in enumerate(self.losses) if not math.isfinite(x)), None)
+
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise FasttrainError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise FasttrainError("device cuda asked for, but CUDA is not available")
     return dev
@@ -85,8 +93,14 @@ def _probe_step(state: TrainState, batch: Batch, count: int, count_flops: bool) 
     try:
         with gqa_flop_formulas(), flops, probe_contexts(state):
             with state.step_context():
-                loss = state.workload.loss(state.model, batch) / count
-            loss.backward()
+                loss = state.workload.loss(state.model, batch)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                what = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else \
+                    type(loss).__name__
+                raise FasttrainError(f"workload {state.workload.name!r}: its loss returned {what}; "
+                                     "it must return a 0-dim tensor, the loss summed over the "
+                                     "batch's items (e.g. .sum())")
+            (loss / count).backward()
     finally:
         for p in state.model.parameters():
             p.grad = None
@@ -206,7 +220,7 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
     if late:
         state.warn("allocator", late)
     apply_before_probe(state)  # layout, precision, stream, attention backend
-    dataset = workload.dataset()
+    dataset = load_dataset(workload)
     probe_batch = to_device(workload.collate(
         [dataset[i % len(dataset)] for i in range(state.micro_batch)]), device, False)
     flops = _probe(state, probe_batch, workload.count(probe_batch))
@@ -215,6 +229,22 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
         torch.cuda.empty_cache()  # cached blocks back, or they stay in the run's reserved peak
     apply_after_probe(state)  # fused paths, compile, sharding, optimizer, EMA, loader, graphs
     return state, dataset, (flops * recipe.accumulation * world if flops else None)
+
+
+def load_dataset(workload: Workload):
+    """The workload's data set, its first item checked against the contract (a dict of tensors);
+    a missing or empty data path is the user's mistake, named on one line."""
+    try:
+        dataset = workload.dataset()
+    except (OSError, ValueError) as err:
+        raise FasttrainError(f"workload {workload.name!r}: {err}") from None
+    if len(dataset) < 1:
+        raise FasttrainError(f"workload {workload.name!r}: its data set is empty")
+    item = dataset[0]
+    if not isinstance(item, Mapping):
+        raise FasttrainError(f"workload {workload.name!r}: data set items must be dicts of "
+                             f"tensors (e.g. {{'x': x, 'y': y}}), got {type(item).__name__}")
+    return dataset
 
 
 class Observer:
@@ -246,6 +276,8 @@ def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
     if steps < 1 or warmup < 0:
         raise FasttrainError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
     dev = resolve_device(device)
+    if save_to:
+        checkpoint.check_folder(save_to)  # before the run, not after it
     d = dist_env.init(dev.type, recipe.dist_timeout)
     if d.active and dev.type == "cuda":
         dev = torch.device("cuda", d.local_rank)

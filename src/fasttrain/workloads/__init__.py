@@ -12,7 +12,7 @@ import importlib
 import inspect
 from typing import Any
 
-from ..errors import FasttrainError
+from ..errors import FasttrainError, describe_error
 from .base import SIZES, SimpleWorkload, Workload
 
 REGISTRY: dict[str, str] = {
@@ -67,8 +67,15 @@ def load_workload(spec: str, size: str = "tiny", seed: int = 0, data: str | None
         raise FasttrainError(f"unknown size {size!r} for {spec!r}: use one of {', '.join(SIZES)}")
     try:
         wl = fn(**kwargs)
-    except (ValueError, FileNotFoundError) as err:
+    except FasttrainError:
+        raise
+    except (ValueError, OSError) as err:
         raise FasttrainError(f"workload {spec!r}: {err}") from None
+    except Exception as err:  # a bug in a user's factory: one line naming it, not a traceback
+        if spec in REGISTRY or spec.partition(":")[0] in PUBLIC:
+            raise  # fasttrain's own factory: a bug of ours keeps its traceback
+        raise FasttrainError(f"workload {spec!r}: its factory raised {describe_error(err)}; "
+                             "fix the factory") from None
     if not isinstance(wl, Workload):
         raise FasttrainError(f"workload {spec!r}: factory returned {type(wl).__name__}, not a Workload")
     return wl

@@ -53,8 +53,10 @@ def write_synthetic_images(folder: Path, count: int, size: int, classes: int, se
 def list_images(folder: Path) -> tuple[list[Path], list[int]]:
     """JPEG/PNG files of ``folder`` (sorted) and their labels (``labels.json`` or subfolders)."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"image folder {folder} is a file: give the folder of your images")
     if not folder.is_dir():
-        raise FileNotFoundError(f"image folder {folder} does not exist")
+        raise FileNotFoundError(f"image folder {folder} does not exist: check the data path")
     exts = {".jpg", ".jpeg", ".png"}
     labels_file = folder / "labels.json"
     if labels_file.exists():
@@ -72,7 +74,8 @@ def list_images(folder: Path) -> tuple[list[Path], list[int]]:
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in exts)
         labels = [0] * len(files)
     if not files:
-        raise FileNotFoundError(f"no images in {folder}")
+        raise FileNotFoundError(f"no images in {folder}: give a folder of .jpg/.png files "
+                                "(flat, or one subfolder per class)")
     return files, labels
 
 

@@ -173,7 +173,8 @@ class TokenFile(TokenWindows):
 
     def __init__(self, path: Path, seq_len: int, vocab: int, seed: int, dtype):
         if not Path(path).is_file():
-            raise FileNotFoundError(f"token file {path} does not exist")
+            raise FileNotFoundError(f"token file {path} does not exist: check the data path "
+                                    "(a flat file of token ids)")
         super().__init__(Path(path), seq_len, seed=seed, dtype=dtype)
         top = int(self.tokens.max())
         if top >= vocab:
