@@ -40,6 +40,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps (default 5)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--recipe", default=None, help="TOML recipe file")
+    p.add_argument("--preset", default=None,
+                   help="a shipped preset (fasttrain presets lists them), or fast: the best "
+                        "measured one for the workload on this GPU")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a switch")
     p.add_argument("--opt", action="append", metavar="KEY=VALUE", help="workload option")
     p.add_argument("--data", default=None, help="your image folder or token file")
@@ -106,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("rows", nargs="+")
     rep.add_argument("--markdown", action="store_true")
     sub.add_parser("workloads", help="list the registered workloads")
+    sub.add_parser("presets", help="list the shipped presets and their measured speed-ups")
     return parser
 
 
@@ -141,6 +145,34 @@ def _check_common(args) -> None:
         raise FasttrainError("--batch must be >= 1 (leave it out for the workload's default)")
     if getattr(args, "rung_timeout", None) is not None and args.rung_timeout <= 0:
         raise FasttrainError("--rung-timeout must be > 0 seconds (leave it out for no limit)")
+
+
+def _use_preset(args) -> None:
+    """--preset NAME (or fast) becomes the shipped file as --recipe."""
+    if not getattr(args, "preset", None):
+        return
+    if args.recipe:
+        raise FasttrainError("give --preset or --recipe, not both")
+    import torch
+
+    from .presets import resolve
+
+    device = _device(args.device)
+    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None
+    size = args.size or ("base" if device.startswith("cuda") else "tiny")
+    args.recipe = str(resolve(args.preset, args.workload, size, name).path)
+
+
+def cmd_presets(args) -> int:
+    from .presets import presets
+
+    print(f"{'preset':20s} {'workload':34s} {'size':5s} {'GPU':5s} {'x peer':>7s}  rows")
+    for p in presets().values():
+        ratio = f"{p.ratio:.3f}x" if p.ratio is not None else "–"
+        print(f"{p.name:20s} {p.workload:34s} {p.size:5s} {p.gpu:5s} {ratio:>7s}  {p.rows}")
+    print("x peer: against PyTorch best practice (bf16 + fused AdamW + torch.compile) on the "
+          "public model code, in one run; – not confirmed")
+    return 0
 
 
 def _out_folder(folder: str) -> None:
@@ -392,14 +424,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
-        if args.command not in ("report", "workloads"):
+        if args.command not in ("report", "workloads", "presets"):
             _check_common(args)
+            _use_preset(args)
         if args.command in ("train", "profile") and (args.nproc > 1 or args.nnodes > 1):
             from .distributed.env import launched
             from .distributed.launch import relaunch
 
             if not launched():
                 return relaunch(argv, args.nproc, args.nnodes, args.rdzv_endpoint)
+        if args.command == "presets":
+            return cmd_presets(args)
         if args.command == "workloads":
             from .workloads import REGISTRY
             for name, target in REGISTRY.items():
