@@ -122,17 +122,12 @@ def _out_path(args, kind: str, size: str, suffix: str = ".jsonl") -> Path:
 
 
 def _device(arg: str) -> str:
-    import torch
+    """--device as the library resolves it: auto → cuda or cpu; an unknown device, or CUDA
+    where there is none, is a one-line error."""
+    from .run.loop import resolve_device
 
-    if arg == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        torch.device(arg)
-    except RuntimeError:
-        raise FasttrainError(f"unknown device {arg!r}: use auto, cpu, cuda or cuda:N") from None
-    if arg.startswith("cuda") and not torch.cuda.is_available():
-        raise FasttrainError("--device cuda: CUDA is not available on this machine")
-    return arg
+    dev = resolve_device(arg)
+    return str(dev) if arg == "auto" else arg
 
 
 def _check_common(args) -> None:

@@ -36,10 +36,9 @@ from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
-from .registry import Converter, class_path
+from .registry import SAMPLE_TOKENS, Converter, class_path, sequence_sample
 
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
-SAMPLE_TOKENS = 7
 
 
 def sources(suffix: str) -> tuple[str, ...]:
@@ -112,7 +111,6 @@ def rms_norm_unsupported(m: nn.Module) -> str | None:
 
 
 def swap_rms_norm(m: nn.Module) -> None:
-    remember(m)
     m.eps = float(m.variance_epsilon)
     m.normalized_shape, m.elementwise_affine = (m.weight.shape[0],), True
     m.feeds_matmul, m.fused = True, False
@@ -134,7 +132,6 @@ def mlp_unsupported(m: nn.Module) -> str | None:
 
 
 def swap_mlp(m: nn.Module) -> None:
-    remember(m)
     m.fused = False
     m.__class__ = SwiGLU
 
@@ -201,7 +198,7 @@ class HFDecoderLayer(nn.Module):
                 chained: bool = False, **kwargs: Any):
         pe = kwargs.get("position_embeddings")
         if (args or attention_mask is not None or pe is None or not no_cache(kwargs)
-                or kwargs.get("output_attentions") or not isinstance(self.self_attn, HFAttention)):
+                or kwargs.get("output_attentions")):
             assert branch is None and not chained, "a converted model chains only what it can"
             return library_forward(self, hidden_states, attention_mask, *args, **kwargs)
         x = hidden_states
@@ -222,9 +219,10 @@ def decoder_layer_unsupported(m: nn.Module) -> str | None:
         norm = getattr(m, name)
         if class_path(norm) not in RMS_NORM and not isinstance(norm, HFRMSNorm):
             return f"{name} is {type(norm).__name__}, not the library's RMSNorm"
-    if class_path(m.mlp) not in MLP or (why := mlp_unsupported(m.mlp)):
-        return f"MLP: {why}" if class_path(m.mlp) in MLP else \
-            f"MLP {type(m.mlp).__name__} is not the library's"
+    if class_path(m.mlp) not in MLP:
+        return f"MLP {type(m.mlp).__name__} is not the library's"
+    if why := mlp_unsupported(m.mlp):
+        return f"MLP: {why}"
     if class_path(m.self_attn) not in ATTENTION:
         return f"attention {type(m.self_attn).__name__} is not the library's"
     if why := attention_unsupported(m.self_attn):
@@ -233,7 +231,6 @@ def decoder_layer_unsupported(m: nn.Module) -> str | None:
 
 
 def swap_decoder_layer(m: nn.Module) -> None:
-    remember(m)
     for name in ("input_layernorm", "post_attention_layernorm"):
         if not isinstance(getattr(m, name), HFRMSNorm):
             swap_rms_norm(getattr(m, name))
@@ -346,8 +343,7 @@ CONVERTERS = (
               decoder_layer_unsupported, swap_decoder_layer, decoder_layer_sample),
     Converter("transformers RMSNorm", RMS_NORM, "fasttrain RMSNorm (kernels=rmsnorm)",
               rms_norm_unsupported, swap_rms_norm,
-              lambda m, g: ((torch.randn(1, SAMPLE_TOKENS, m.weight.shape[0], generator=g),), {})),
+              sequence_sample(lambda m: m.weight.shape[0])),
     Converter("transformers MLP", MLP, "fasttrain SwiGLU (kernels=swiglu)", mlp_unsupported,
-              swap_mlp, lambda m, g: ((torch.randn(1, SAMPLE_TOKENS, m.gate_proj.in_features,
-                                                   generator=g),), {})),
+              swap_mlp, sequence_sample(lambda m: m.gate_proj.in_features)),
 )

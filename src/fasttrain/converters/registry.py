@@ -40,6 +40,16 @@ class Converter:
     self-check of its own."""
 
 
+SAMPLE_TOKENS = 7  # tokens of a self-check's sample sequence
+
+
+def sequence_sample(width_of: Callable[[nn.Module], int]):
+    """A self-check's sample: one sequence of ``SAMPLE_TOKENS`` tokens of the module's width."""
+    def sample(module: nn.Module, gen: torch.Generator) -> tuple[tuple, dict]:
+        return (torch.randn(1, SAMPLE_TOKENS, width_of(module), generator=gen),), {}
+    return sample
+
+
 _MODULES = ("timm_vit", "timm_swin", "hf_llama")
 """The modules that define converters (``CONVERTERS`` in each), imported on first use."""
 

@@ -19,8 +19,6 @@ timm: dropout, qk-norm, gated or narrowed attention, another activation, a norm 
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,14 +29,13 @@ from ..layers.blocks import Branch, ChainLink, Post, block_fp32_params, pre_norm
 from ..layers.mlp import Mlp
 from ..layers.norm import LayerNorm
 from ..layers.patch import PatchEmbed
-from .registry import Converter, class_path
+from .registry import Converter, class_path, sequence_sample
 
 ATTENTION = ("timm.layers.attention.Attention", "timm.models.vision_transformer.Attention")
 MLP = ("timm.layers.mlp.Mlp",)
 BLOCK = ("timm.models.vision_transformer.Block",)
 PATCH_EMBED = ("timm.layers.patch_embed.PatchEmbed",)
 LAYER_NORMS = ("timm.layers.norm.LayerNorm", "torch.nn.modules.normalization.LayerNorm")
-SAMPLE_TOKENS = 7  # tokens of a self-check's sample sequence
 
 
 # ----------------------------------------------------------------------------- shared checks
@@ -67,13 +64,6 @@ def layer_norm_unsupported(norm: nn.Module, where: str) -> str | None:
 def swap_layer_norm(norm: nn.Module, feeds_matmul: bool) -> None:
     norm.__class__ = LayerNorm
     norm.feeds_matmul, norm.fused = feeds_matmul, False
-
-
-def sequence_sample(width_of: Callable[[nn.Module], int]):
-    """A self-check's sample: one sequence of ``SAMPLE_TOKENS`` tokens of the module's width."""
-    def sample(module: nn.Module, gen: torch.Generator) -> tuple:
-        return (torch.randn(1, SAMPLE_TOKENS, width_of(module), generator=gen),), {}
-    return sample
 
 
 # ----------------------------------------------------------------------------- Attention

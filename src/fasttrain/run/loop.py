@@ -221,8 +221,8 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
         state.warn("allocator", late)
     apply_before_probe(state)  # layout, precision, stream, attention backend
     dataset = load_dataset(workload)
-    probe_batch = to_device(workload.collate(
-        [dataset[i % len(dataset)] for i in range(state.micro_batch)]), device, False)
+    probe_batch = to_device(workload.collate(first_items(workload, dataset, state.micro_batch)),
+                            device, False)
     flops = _probe(state, probe_batch, workload.count(probe_batch))
     del probe_batch
     if device.type == "cuda":  # the probe ran before checkpointing and compile: hand its
@@ -232,19 +232,25 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
 
 
 def load_dataset(workload: Workload):
-    """The workload's data set, its first item checked against the contract (a dict of tensors);
-    a missing or empty data path is the user's mistake, named on one line."""
+    """The workload's data set; a missing or empty data path is the user's mistake, named on one
+    line."""
     try:
         dataset = workload.dataset()
     except (OSError, ValueError) as err:
         raise FasttrainError(f"workload {workload.name!r}: {err}") from None
     if len(dataset) < 1:
         raise FasttrainError(f"workload {workload.name!r}: its data set is empty")
-    item = dataset[0]
-    if not isinstance(item, Mapping):
-        raise FasttrainError(f"workload {workload.name!r}: data set items must be dicts of "
-                             f"tensors (e.g. {{'x': x, 'y': y}}), got {type(item).__name__}")
     return dataset
+
+
+def first_items(workload: Workload, dataset, count: int) -> list:
+    """The data set's first ``count`` items (wrapping around), checked against the contract:
+    dicts of tensors."""
+    items = [dataset[i % len(dataset)] for i in range(count)]
+    if not isinstance(items[0], Mapping):
+        raise FasttrainError(f"workload {workload.name!r}: data set items must be dicts of "
+                             f"tensors (e.g. {{'x': x, 'y': y}}), got {type(items[0]).__name__}")
+    return items
 
 
 class Observer:

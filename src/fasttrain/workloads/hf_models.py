@@ -23,7 +23,7 @@ from ..measure.files import cache_root
 from ..peers.hf_llama_peer import SHAPES, causal_lm_config
 from .base import Batch, Workload
 from .data import TokenWindows, write_token_file
-from .timm_models import check_weights, load_weights
+from .weights import check_weights, load_weights
 
 
 def import_transformers():
