@@ -29,9 +29,9 @@ def test_sd_breakdown_has_the_source_table_parts_and_sums_to_the_step(tmp_path):
     for want in ("vae_encoder fwd", "text_encoder fwd", "unet fwd", "unet bwd", "clip",
                  "optimizer", "ema"):
         assert want in parts, parts
-    # a phase's rest under 1e-4 of the step gets no row of its own (runner.breakdown)
-    assert sum(r["share"] for r in p["breakdown"]) == pytest.approx(1.0, abs=8e-4)
-    assert p["profiling_overhead"] is not None
+    # small rests go into "other (unattributed)": the rows add up to the step they claim
+    assert sum(r["share"] for r in p["breakdown"]) == pytest.approx(1.0, rel=1e-9)
+    assert p["profiling_overhead"] >= 0
     trace = p["kernels"]["trace"]
     assert Path(trace["path"]).exists() and trace["mb"] < 5
     assert p["memory"]["persistent_mib"]["optimizer_state"] > 0
