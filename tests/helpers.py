@@ -101,3 +101,25 @@ def child_job_hangs(spec):
     import time
 
     time.sleep(600)
+
+
+def tiny_cnn_workload(size="tiny", seed=0, data=None):
+    """A user's small CNN (no attention, no repeated blocks, a 4-class head): what most of
+    fasttrain's switches find nothing to act on in."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    def build():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                             nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+    def items():
+        g = torch.Generator().manual_seed(0)
+        return [{"x": torch.randn(3, 8, 8, generator=g), "y": torch.tensor(i % 4)}
+                for i in range(32)]
+
+    return SimpleWorkload(name="tiny-cnn", build=build, data=items, unit="img",
+                          loss_fn=lambda m, b: F.cross_entropy(m(b["x"]), b["y"],
+                                                               reduction="sum"),
+                          default_batch=8)

@@ -2,7 +2,8 @@
 
 Public API (imported lazily so ``import fasttrain`` stays cheap):
 ``Recipe``, ``load_workload``, ``Workload``, ``SimpleWorkload``, ``train``, ``run_ladder``,
-``convert`` (a timm or transformers model's classes swapped for fasttrain's layers, in place).
+``convert`` (a timm or transformers model's classes swapped for fasttrain's layers, in place),
+``Step`` (your own training loop's step, made fast).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ _LAZY = {
     "run_ladder": ("fasttrain.ladder.runner", "run_ladder"),
     "FasttrainError": ("fasttrain.errors", "FasttrainError"),
     "convert": ("fasttrain.converters", "convert"),
+    "Step": ("fasttrain.run.step", "Step"),
 }
 
 

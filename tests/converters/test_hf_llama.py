@@ -442,9 +442,11 @@ def test_convert_is_the_public_api_and_strict_says_why():
     assert not again and not again.skipped
     bare = transformers.AutoModelForCausalLM.from_config(tiny_config("llama", hidden_act="gelu"))
     bare.lm_head = nn.Linear(64, 512, bias=True)  # refused: the head has a bias
-    bare.model.norm = nn.LayerNorm(64)  # refused: the final norm is not RMSNorm
+    # refused: the final norm is not RMSNorm; nor, without a weight, torch.nn's to convert
+    bare.model.norm = nn.LayerNorm(64, elementwise_affine=False)
     for layer in bare.model.layers:  # no norm left to convert on its own either
-        layer.input_layernorm = layer.post_attention_layernorm = nn.LayerNorm(64)
+        layer.input_layernorm = layer.post_attention_layernorm = nn.LayerNorm(
+            64, elementwise_affine=False)
     with pytest.raises(FasttrainError, match=r"^LlamaForCausalLM: nothing converted; "
                                              r"transformers CausalLM at \(the model\) left as "
                                              r"it was: the LM head is not a plain bias-free"):

@@ -203,13 +203,17 @@ def test_report_counts_the_vit_by_class():
 
 def test_report_counts_the_swin_by_class():
     """Swin: 'timm Swin block' × 4 and both stages' stacks chained; window attention with the
-    block's window and shift."""
+    block's window and shift; the torch LayerNorms outside the blocks (the patch embedding's,
+    the patch merging's, the final one) as torch.nn's converter makes them."""
     model, _ = build("swin")
     report = convert(model.eval())
-    assert dict(report.converted) == {"timm Swin block": 4, "timm PatchEmbed": 1}
+    assert dict(report.converted) == {"timm Swin block": 4, "timm PatchEmbed": 1,
+                                      "torch LayerNorm": 3}
     assert report.chained == 2 and not report.skipped
-    assert report.summary() == ("timm PatchEmbed ×1; timm Swin block ×4; "
+    assert report.summary() == ("timm PatchEmbed ×1; torch LayerNorm ×3; timm Swin block ×4; "
                                 "2 block stacks chained")
+    assert all(type(m) is LayerNorm for m in (model.patch_embed.norm, model.norm,
+                                              model.layers[1].downsample.norm))
     assert all(type(stage.blocks) is ChainedBlocks for stage in model.layers)
     attn = [b.attn for stage in model.layers for b in stage.blocks]
     assert all(type(a) is WindowAttention for a in attn)
@@ -402,12 +406,12 @@ def test_convert_keeps_the_training_losses(name, kernel):
     assert "LayerNorm (with the residual add before it) in Triton" in fused.applied["kernels"]
 
 
-def test_convert_on_a_fasttrain_model_warns_and_converts_nothing():
-    """The reference ViT is fasttrain's own: convert=True warns and changes nothing."""
+def test_convert_on_a_fasttrain_model_converts_only_its_torch_layers():
+    """The reference ViT is fasttrain's own: convert=True finds no block to convert, only its
+    final norm, a torch LayerNorm (torch.nn's converter)."""
     res = train(load_workload("vit", "tiny"), Recipe(batch=2, convert=True), steps=1, warmup=0,
                 device="cpu")
-    assert any(w.startswith("convert: ViT has no module fasttrain converts") for w in res.warnings)
-    assert "convert" not in res.applied
+    assert res.applied["convert"] == "torch LayerNorm ×1" and not res.warnings, res.warnings
 
 
 def test_bf16_stream_reaches_the_converted_blocks():

@@ -153,6 +153,8 @@ def test_from_runs_the_base_then_the_later_rungs_with_cumulative_recipes():
 
     _, plan, _ = _plan(LadderSpec(workload="vit", size="tiny", rungs=["default"], start_at="compile"))
     assert [r.name for r, _ in plan] == ["fp32", "compile", "cuda-graphs"]
+    # the first rung after the base adds the skipped rungs' switches too (a rung's effect)
+    assert {"precision", "optimizer_impl", "compile"} <= plan[1][0].changes.keys()
     compiled = plan[1][1]
     assert (compiled.precision, compiled.optimizer_impl, compiled.compile) == (
         "bf16-mixed", "fused", "model")
@@ -339,3 +341,79 @@ def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
     chosen = next(r for r in rows if r["rung"] == verdict[0]["rung"] and r["kind"] == "ladder")
     assert load_toml(tmp_path / "fast-vit-tiny.toml").to_dict() == chosen["recipe"]
     assert f"fast preset: '{verdict[0]['rung']}'" in markdown_table(rows)
+
+
+def test_a_rung_whose_switch_matched_nothing_shows_no_effect():
+    """A CNN has no attention: its flash-attn rung ran but changed nothing, so the row says
+    ``effect: none`` with the reason and the table says "no effect" where the speed-up goes;
+    the rung after it is still measured against fp32."""
+    from fasttrain.report.table import COLUMNS, row_cells
+
+    spec = LadderSpec(workload="tests.helpers:tiny_cnn_workload", size="tiny", steps=2,
+                      warmup=0, device="cpu", base=FAST,
+                      rungs=["fp32", "flash-attn", "fused-optim"])
+    base, flash, fused = run_ladder(spec)
+    assert flash["error"] is None and flash["parity"]["passed"]
+    assert flash["effect"] == "none" and flash["speedup"] is None
+    assert list(flash["effect_reasons"]) == ["attention"]
+    assert "no scaled_dot_product_attention call seen" in flash["effect_reasons"]["attention"]
+    speed = COLUMNS.index("speed-up")
+    assert row_cells(flash)[speed] == "no effect"
+    assert "effect" not in fused and fused["speedup"] > 0 and row_cells(fused)[speed].endswith("×")
+    assert "effect" not in base and "no effect" in markdown_table([base, flash, fused])
+
+
+def test_a_rung_has_no_effect_only_where_all_its_switches_idled():
+    from fasttrain.ladder.spec import mark_effect
+
+    tf32 = "tf32 has no effect on CPU (plain fp32 math)"
+    row = {"speedup": 1.01, "error": None, "no_effect": {"precision": tf32, "attention": "x"}}
+    none = mark_effect(dict(row), {"precision": "tf32"})
+    assert (none["effect"], none["effect_reasons"], none["speedup"]) == (
+        "none", {"precision": tf32}, None)
+    both = mark_effect(dict(row), {"precision": "tf32", "compile": "model"})  # compile acted
+    assert "effect" not in both and both["speedup"] == 1.01
+    loader = mark_effect({"speedup": 1.0, "no_effect": {"dataloader": "CUDA only"}},
+                         {"pin_memory": True, "non_blocking": True})  # fields of a technique
+    assert loader["effect"] == "none" and loader["effect_reasons"] == {"dataloader": "CUDA only"}
+    assert "effect" not in mark_effect(dict(row), {})  # a user's recipe rung: nothing to map
+    assert "effect" not in mark_effect({**row, "skipped": "needs CUDA"}, {"precision": "tf32"})
+
+
+def test_fast_search_skips_a_switch_that_idled_and_keeps_no_idle_gain():
+    from fasttrain.ladder.search import FastSearch, pick_fast
+
+    ok = {"parity": {"passed": True}, "error": None}
+    search = FastSearch(load_workload("swin", "tiny"), Recipe())
+    search.axes = [("math attention", "attention", "math"), ("kernels window", "kernels", "window"),
+                   ("kernels patch", "kernels", "patch"), ("no NHWC", "channels_last", False)]
+    rung, rec = search.first()
+    no_sdpa = "no scaled_dot_product_attention call seen; attention=auto changes nothing"
+    first = {**ok, "rung": rung.name, "throughput": 10.0, "no_effect": {"attention": no_sdpa}}
+    rung, rec = search.next(first, rec)  # SDPA was never called: math attention is not tried
+    assert rung.name == "fast: compile + kernels window"
+    assert search.drain_skipped() == [("math attention", "attention had no effect in an earlier "
+                                       f"trial: {no_sdpa}")]
+    # its kernels idled: a "gain" is noise, not kept; the next family is still tried (a family
+    # idles where its Triton kernel cannot run, the next may not need Triton)
+    idle = {**ok, "rung": rung.name, "throughput": 20.0, "effect": "none",
+            "no_effect": {"kernels": "no fused path switched on (kernels=window)",
+                          "channels_last": "the model has no Conv2d; nothing converted"}}
+    rung, rec = search.next(idle, rec)
+    assert (rung.name, rec.kernels) == ("fast: compile + kernels patch", "patch")
+    assert search.best is first
+    assert search.next({**ok, "rung": rung.name, "throughput": 9.0}, rec) is None
+    assert [label for label, _ in search.drain_skipped()] == ["no NHWC"]
+    assert pick_fast([first, idle])["rung"] == "fast: compile"
+
+
+def test_a_rung_of_no_effect_is_not_the_best_rung():
+    from fasttrain.ladder.confirm import best_rung
+    from fasttrain.report.table import peer_summary
+
+    passed = {"kind": "ladder", "throughput_unit": "img/s", "parity": {"passed": True}}
+    rows = [{**passed, "rung": "fused-optim", "throughput": 100.0},
+            {**passed, "rung": "flash-attn", "throughput": 101.0, "effect": "none"},
+            {"kind": "peer", "rung": "peer", "throughput": 50.0}]
+    assert best_rung(rows, None)["rung"] == "fused-optim"
+    assert "'fused-optim'" in peer_summary(rows)

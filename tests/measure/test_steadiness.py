@@ -239,7 +239,7 @@ def _one_candidate_search(self, workload, base, processes=1):
 
     self.start = fast_start(workload, base)
     self.recipe, self.parts, self._pending, self.axes, self.best = self.start[1], {}, {}, [], None
-    self.skipped = []
+    self.skipped, self.idle = [], {}
 
 
 def test_cli_has_the_switch():

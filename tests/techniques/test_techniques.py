@@ -218,6 +218,8 @@ def test_every_technique_on_every_tiny_workload(workload, tech):
     res = train(wl, recipe, steps=2, warmup=0)
     said = tech.name in res.applied or any(w.startswith(f"{tech.name}:") for w in res.warnings)
     assert said, f"{tech.name} neither applied nor warned: {res.applied}, {res.warnings}"
+    for idle, why in res.no_effect.items():  # no effect (test_no_effect.py): said, with a reason
+        assert why and any(w.startswith(f"{idle}:") for w in res.warnings), (idle, res.warnings)
     assert res.step_time_s > 0 and res.model_flops and res.model_flops > 0
     if tech.name == "init" or recipe.optimizer != "adamw":
         return  # other initial weights (host RNG) or another optimizer: other losses by design
@@ -281,7 +283,7 @@ def test_padding_keeps_the_loss_and_leaves_one_compiled_shape():
     positions are ignored labels after every real token: the losses do not change."""
     wl = load_workload("llama", "tiny", varlen=True)
     lengths = {wl.dataset().length(i) for i in range(16)}
-    assert len(lengths) > 4 and not wl.constant_count
+    assert len(lengths) > 4 and wl.pad_fields
     runs = {}
     for multiple in (0, wl.cfg.seq):
         torch._dynamo.reset()
@@ -360,14 +362,20 @@ def test_padding_never_goes_past_the_models_length():
     assert pad_collate(items, {"ids": 0}, multiple=48)["ids"].shape == (2, 96)
 
 
-def test_cuda_graphs_refuse_batches_with_varying_item_counts():
+def test_cuda_graphs_refuse_batches_whose_shapes_vary_and_take_fixed_length_padding():
+    """Padded to their longest item, varlen batches change shape: refused with the way out.
+    Padded to the model's length they keep one shape and are captured (their item counts vary,
+    which the graph follows as a static input)."""
     from types import SimpleNamespace
 
     from fasttrain.techniques import cuda_graphs
 
-    state = SimpleNamespace(cuda=True, workload=load_workload("llama", "tiny", varlen=True))
-    with pytest.raises(FasttrainError, match="varying item counts"):
+    wl = load_workload("llama", "tiny", varlen=True)
+    state = SimpleNamespace(cuda=True, workload=wl, recipe=Recipe(), autocast_cache=True)
+    with pytest.raises(FasttrainError, match=f"shapes vary.*set pad_multiple={wl.max_length}"):
         cuda_graphs.apply(state)
+    state.recipe = Recipe(pad_multiple=wl.max_length)
+    assert "captured" in cuda_graphs.apply(state)
 
 
 def test_compile_cache_is_saved_after_a_run_and_loaded_by_the_next(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from ..errors import FasttrainError
 from ..layers.blocks import ChainedBlocks, chainable
 from ..layers.fused import fused_layers, switch_fused
 from ..recipe import kernel_families
-from .registry import Converter, class_path, list_converters, registry
+from .registry import Converter, class_path, concerns, list_converters, registry
 
 CHECK_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # of the output's largest magnitude
 CHECK_RTOL_16BIT = 2e-2
@@ -83,7 +83,7 @@ def convert(model: nn.Module, kernels: str = "none", check: bool = True,
     report = ConvertReport()
     for path, module in list(model.named_modules()):
         conv = table.get(class_path(module))
-        if conv is None:
+        if conv is None or not concerns(conv, module):
             continue
         why = conv.unsupported(module)
         if why is None and check and conv.sample is not None:
@@ -104,6 +104,18 @@ def convert(model: nn.Module, kernels: str = "none", check: bool = True,
         if kept:
             report.kernels_kept = f"{', '.join(sorted(kept))} kept plain: {why}"
     return report
+
+
+def convertible(model: nn.Module) -> bool:
+    """Whether ``convert`` would find something to convert in ``model``: a module a converter
+    recognises, is about and computes as configured (``unsupported`` says nothing against it;
+    the numeric self-check is not run)."""
+    table = registry()
+    for module in model.modules():
+        conv = table.get(class_path(module))
+        if conv is not None and concerns(conv, module) and conv.unsupported(module) is None:
+            return True
+    return False
 
 
 def nothing_converted(model: nn.Module, report: ConvertReport) -> str:
@@ -136,8 +148,10 @@ def self_check(conv: Converter, module: nn.Module) -> str | None:
     try:
         gen = torch.Generator().manual_seed(0)
         dtype = first.dtype if first.is_floating_point() else torch.float32
-        args, kwargs = conv.sample(module, gen)
-        args, kwargs = _to(args, first.device, dtype), _to(kwargs, first.device, dtype)
+        sample = conv.sample(module, gen)
+        if sample is None:
+            return None  # nothing to check it with: its input is not known
+        args, kwargs = _to(sample[0], first.device, dtype), _to(sample[1], first.device, dtype)
         twin = copy.deepcopy(module)
         conv.swap(twin)
         cuda = [first.device.index or 0] if first.device.type == "cuda" else []

@@ -34,10 +34,15 @@ class Converter:
     """Why this module's configuration cannot be converted (None: it can)."""
     swap: Callable[[nn.Module], None]
     """Turns the module into the fasttrain layer, in place."""
-    sample: Callable[[nn.Module, torch.Generator], tuple[tuple, dict]] | None = None
+    sample: Callable[[nn.Module, torch.Generator], tuple[tuple, dict] | None] | None = None
     """Positional and keyword inputs for the numeric self-check (tensors made on the CPU from the
     generator): the converted module must give the original's output on them. None: no
-    self-check of its own."""
+    self-check of its own; the sample None: none for this module (its input is not known from
+    its configuration)."""
+    candidate: Callable[[nn.Module], bool] | None = None
+    """Whether a module of the class is one this converter is about at all (None: every one):
+    one that is not is passed over without a word (an ``nn.Sequential`` without a Linear →
+    GELU pair), where ``unsupported`` reports a reason."""
 
 
 SAMPLE_TOKENS = 7  # tokens of a self-check's sample sequence
@@ -50,7 +55,7 @@ def sequence_sample(width_of: Callable[[nn.Module], int]):
     return sample
 
 
-_MODULES = ("timm_vit", "timm_swin", "hf_llama")
+_MODULES = ("timm_vit", "timm_swin", "hf_llama", "torch_nn")
 """The modules that define converters (``CONVERTERS`` in each), imported on first use."""
 
 
@@ -72,3 +77,8 @@ def registry() -> dict[str, Converter]:
 def list_converters() -> dict[str, str]:
     """Converter names and what each module becomes."""
     return {c.name: c.becomes for c in dict.fromkeys(registry().values())}
+
+
+def concerns(conv: Converter, module: nn.Module) -> bool:
+    """Whether ``module`` is one ``conv`` is about (``Converter.candidate``)."""
+    return conv.candidate is None or conv.candidate(module)

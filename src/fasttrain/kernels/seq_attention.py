@@ -17,6 +17,12 @@ What is fused
     reduction over the whole (B·T, 3·C) gradient (35 µs a layer at ViT-B's batch 128 on the
     H200, profile-vit-base-20261122-022114).
 
+    ``seq_attention_of_views(qkv, q, k, v)`` and ``seq_attention_qkv(q, k, v)`` take the
+    (B, H, T, D) q, k and v that ``scaled_dot_product_attention`` takes, for a model's own
+    SDPA calls (``layers/sdpa_route.py``): the first for views of the packed ``qkv`` (checked),
+    its gradient written to qkv; the second for any q, k and v, read in place where it finds
+    them packed when it runs (a packed copy where not), their gradients views of one tensor.
+
     Odd lengths cost little padding: keys and queries go in blocks of 64, and the last,
     partial block is a block of its own size rounded up to a power of two (197 tokens: three
     blocks of 64 and one of 16, 208 padded tokens against the 256 of 64-wide tiles).
@@ -44,12 +50,14 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 import triton
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ._seq_attention_kernels import _dkv_kernel, _dq_kernel, _fwd_kernel
 from ._triton import INTERPRETED, launch, op, output_grad
 
 __all__ = ["seq_attention", "seq_attention_reference", "projected_seq_attention",
-           "projected_seq_attention_reference"]
+           "projected_seq_attention_reference", "packed_views", "seq_attention_of_views",
+           "seq_attention_qkv"]
 
 WIDE_ELEMENTS = 2**31  # qkv this large indexes in int64 (the kernels' WIDE), smaller in int32
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -124,6 +132,81 @@ def _bwd(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Te
     return dqkv, parts
 
 
+@op("fasttrain::seq_attention_views_fwd", opaque=True)
+def _views_fwd(qkv: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               heads: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_fwd`` of ``qkv`` after checking, on the real tensors, that q, k and v are its three
+    slices (their values are read from qkv; the check is what makes that sound)."""
+    real = not isinstance(qkv, FakeTensor) and qkv.device.type != "meta"
+    if real and (why := packed_views(qkv, q, k, v)):
+        raise ValueError(f"seq_attention_of_views: {why}")
+    return torch.ops.fasttrain.seq_attention_fwd(qkv, None, heads, scale, False)
+
+
+def _views_setup(ctx, inputs, output) -> None:
+    qkv, _, _, _, heads, scale = inputs
+    ctx.heads, ctx.scale = heads, scale
+    ctx.save_for_backward(qkv, output[0], output[1])
+
+
+def _views_backward(ctx, dout, _dlse):
+    qkv, out, lse = ctx.saved_tensors
+    dqkv, _ = torch.ops.fasttrain.seq_attention_bwd(output_grad(out, dout), qkv, out, lse,
+                                                    ctx.heads, ctx.scale, False, False)
+    return dqkv, None, None, None, None, None  # q, k and v are views of qkv: all of it is here
+
+
+_views_fwd.register_autograd(_views_backward, setup_context=_views_setup)
+
+
+def _packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """(B, T, 3·C) qkv holding (B, H, T, D) q, k and v: a view of their memory where they are
+    its slices (``packed_views``: the inputs' own storage, read only), else a packed copy."""
+    B, H, T, D = q.shape
+    C3 = 3 * H * D
+    if isinstance(q, FakeTensor) or q.device.type == "meta":
+        return q.new_empty((B, T, C3))
+    if (q.storage_offset() + B * T * C3) * q.element_size() <= q.untyped_storage().nbytes():
+        qkv = q.as_strided((B, T, C3), (T * C3, C3, 1))  # the rows q's storage holds from q on
+        if packed_views(qkv, q, k, v) is None:
+            return qkv
+    return torch.cat([t.transpose(1, 2) for t in (q, k, v)], dim=2).reshape(B, T, C3)
+
+
+@op("fasttrain::seq_attention_qkv_fwd", opaque=True)
+def _qkv_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = torch.ops.fasttrain.seq_attention_fwd(_packed(q, k, v), None, q.shape[1], scale,
+                                                     False)
+    return out, lse
+
+
+@op("fasttrain::seq_attention_qkv_bwd", opaque=True)
+def _qkv_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             out: torch.Tensor, lse: torch.Tensor, scale: float) -> torch.Tensor:
+    dqkv, _ = torch.ops.fasttrain.seq_attention_bwd(dout, _packed(q, k, v), out, lse,
+                                                    q.shape[1], scale, False, False)
+    return dqkv
+
+
+def _qkv_setup(ctx, inputs, output) -> None:
+    q, k, v, scale = inputs
+    ctx.scale = scale
+    ctx.save_for_backward(q, k, v, output[0], output[1])
+
+
+def _qkv_backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    B, H, T, D = q.shape
+    dqkv = torch.ops.fasttrain.seq_attention_qkv_bwd(output_grad(out, dout), q, k, v, out, lse,
+                                                     ctx.scale)
+    dq, dk, dv = dqkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # views of dqkv
+    return dq, dk, dv, None
+
+
+_qkv_fwd.register_autograd(_qkv_backward, setup_context=_qkv_setup)
+
+
 def _setup(ctx, inputs, output) -> None:
     qkv, bias, heads, scale, batch_second = inputs
     ctx.heads, ctx.scale, ctx.batch_second = heads, scale, batch_second
@@ -188,6 +271,70 @@ def projected_seq_attention(x: torch.Tensor, weight: torch.Tensor,
     qkv = F.linear(x, weight, None if bias is None else bias.detach())
     _check(qkv, heads)
     return _attend(qkv, bias, heads, scale, batch_second)
+
+
+def _strides(shape, strides) -> tuple[int, ...]:
+    """The strides, 0 on dims of size 1 (any stride reads the same there)."""
+    return tuple(s if n > 1 else 0 for n, s in zip(shape, strides))
+
+
+def packed_views(qkv: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> str | None:
+    """Why (B, H, T, D) ``q``, ``k`` and ``v`` are not the three slices of the contiguous
+    (B, T, 3·H·D) ``qkv`` that ``seq_attention(qkv, H)`` reads as q, k and v, in that order
+    (``qkv(x).split(C, 2)`` or ``.reshape(B, T, 3, H, D).permute(2, 0, 3, 1, 4)``, each seen as
+    (B, H, T, D)); None if they are. Eager tensors only (it reads storage offsets)."""
+    if q.dim() != 4 or not q.shape == k.shape == v.shape:
+        return "q, k and v are not (B, H, T, D) of one shape"
+    B, H, T, D = q.shape
+    C = H * D
+    if qkv.shape != (B, T, 3 * C) or not qkv.is_contiguous():
+        return f"qkv is not a contiguous ({B}, {T}, {3 * C})"
+    want = _strides(q.shape, (T * 3 * C, D, 3 * C, 1))
+    if any(_strides(t.shape, t.stride()) != want for t in (q, k, v)):
+        return "q, k or v is not a (B, H, T, D) view of the packed (B, T, 3·C) layout"
+    if any(t.untyped_storage().data_ptr() != qkv.untyped_storage().data_ptr()
+           for t in (q, k, v)):
+        return "q, k or v is not in qkv's memory"
+    base = qkv.storage_offset()
+    offsets = tuple(t.storage_offset() - base for t in (q, k, v))
+    if offsets != (0, C, 2 * C):
+        return f"q, k and v start at {offsets} of each row, not (0, {C}, {2 * C})"
+    return None
+
+
+def seq_attention_of_views(qkv: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """``scaled_dot_product_attention(q, k, v, scale=scale)`` for (B, H, T, D) q, k and v that
+    are the three slices of the packed (B, T, 3·C) ``qkv`` (``packed_views``), computed by
+    ``seq_attention(qkv, H)`` with nothing copied: the output is (B, H, T, D) as SDPA's is (a
+    view of the kernel's (B, T, C)), and the backward's one (B, T, 3·C) gradient goes to qkv.
+    The caller checks the layout (``packed_views``; eager: dynamo cannot read storage
+    offsets); the op checks it again when it runs (a ValueError if q, k and v are not those
+    slices, whose values it would not read)."""
+    B, H, T, D = q.shape
+    _check(qkv, H)
+    scale = D ** -0.5 if scale is None else float(scale)
+    out, _ = torch.ops.fasttrain.seq_attention_views_fwd(qkv, q, k, v, H, scale)
+    return out.view(B, T, H, D).transpose(1, 2)
+
+
+def seq_attention_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      scale: float | None = None) -> torch.Tensor:
+    """``scaled_dot_product_attention(q, k, v, scale=scale)`` for any (B, H, T, D) q, k and v
+    of one shape, dtype and device: where they are the three slices of one packed (B, T, 3·C)
+    buffer (checked on the real tensors when the op runs) the kernels read it in place, else
+    they get a packed copy; the gradients come back as q's, k's and v's (views of one
+    (B, T, 3·C) tensor). Output (B, H, T, D), a view of the kernel's (B, T, C)."""
+    if (q.dim() != 4 or not q.shape == k.shape == v.shape or q.dtype not in _DTYPES
+            or not q.dtype == k.dtype == v.dtype or q.shape[3] > 256):
+        raise ValueError(f"q, k and v must be (B, H, T, D ≤ 256) of one shape and one of "
+                         f"{_DTYPES}, got {tuple(q.shape)} {q.dtype}, {tuple(k.shape)} "
+                         f"{k.dtype}, {tuple(v.shape)} {v.dtype}")
+    B, H, T, D = q.shape
+    scale = D ** -0.5 if scale is None else float(scale)
+    out, _ = torch.ops.fasttrain.seq_attention_qkv_fwd(q, k, v, scale)
+    return out.view(B, T, H, D).transpose(1, 2)
 
 
 def seq_attention_reference(qkv: torch.Tensor, heads: int, scale: float | None = None,

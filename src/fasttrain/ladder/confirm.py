@@ -15,11 +15,13 @@ from .spec import emit, finish_row, run_rung, speedup
 
 def best_rung(rows: list[dict], search: FastSearch | None) -> dict | None:
     """The rung the peer is compared with: the fast search's kept candidate, else the fastest
-    rung that ran and did not fail parity."""
+    rung that ran, did not fail parity and had an effect (a rung of no effect is the rung
+    before it, measured again: the faster of the two is noise)."""
     if search is not None:
         return search.best
     ok = [r for r in rows if r.get("kind") == "ladder" and r.get("throughput")
-          and not r.get("error") and (r.get("parity") or {}).get("passed") is not False]
+          and not r.get("error") and (r.get("parity") or {}).get("passed") is not False
+          and r.get("effect") != "none"]
     return max(ok, key=lambda r: r["throughput"]) if ok else None
 
 
@@ -108,8 +110,17 @@ def peer_row(spec, wl, env, workdir, ref, on_start, i, total, repeat: int = 0) -
     if on_start:
         on_start(f"peer{label}", i, total)
     batch = spec.base.batch or wl.default_batch
-    child = ChildSpec(job="fasttrain.peers:peer_job", workload=spec.workload, size=spec.size,
-                      device=spec.device, steps=spec.steps, warmup=spec.warmup, batch=batch)
+    from .plain_peer import is_user_workload
+
+    if is_user_workload(spec.workload):  # your model: the same workload in a plain loop
+        child = ChildSpec(job="fasttrain.ladder.plain_peer:plain_peer_job",
+                          workload=spec.workload, size=spec.size, device=spec.device,
+                          steps=spec.steps, warmup=spec.warmup, batch=batch, data=spec.data,
+                          options=spec.options)
+    else:
+        child = ChildSpec(job="fasttrain.peers:peer_job", workload=spec.workload,
+                          size=spec.size, device=spec.device, steps=spec.steps,
+                          warmup=spec.warmup, batch=batch)
     row = run_in_child(child, workdir, f"peer{repeat or ''}", spec.rung_timeout)
     if "kind" not in row:  # the child died before the peer made its row
         row = make_row("peer", spec.workload, spec.size, "peer", **row)

@@ -72,9 +72,10 @@ RUNG_SETS = {"default": default_rungs, "memory": memory_rungs}
 
 def build_ladder(workload: Workload, names: list[str] | None, base: Recipe) -> list[tuple[Rung, Recipe]]:
     """(rung, cumulative recipe) pairs; ``names`` picks a subset in order (cumulative over it)."""
+    from .traits import converts, prefers_channels_last
+
     wants = {"always": True, "ema": workload.has_ema,
-             "channels_last": getattr(workload, "prefers_channels_last", False),
-             "convert": workload.converts}
+             "channels_last": prefers_channels_last(workload), "convert": converts(workload)}
     rungs = [r for r in default_rungs(workload) if wants[r.when]]
     if names == ["none"]:  # only the peer
         return []

@@ -18,7 +18,7 @@ from ..measure.rows import make_row
 from .confirm import Confirmation, best_rung, peer_row
 from .rungs import Rung, build_ladder
 from .search import FastSearch, fast_plan
-from .spec import LadderSpec, emit, finish_row, run_rung
+from .spec import LadderSpec, emit, finish_row, mark_effect, run_rung
 
 
 def _check(row: dict, rung: Rung, ref: dict | None, prev: dict | None, recipe: Recipe) -> dict:
@@ -59,6 +59,9 @@ def _plan(spec: LadderSpec):
         i = names.index(spec.start_at)
         if i > 1:  # recipes stay cumulative; the skipped rungs just do not run
             first, rec = plan[i]
+            # what it adds over the base: its changes and the skipped rungs' (mark_effect)
+            first = replace(first, changes={k: v for r, _ in plan[1:i + 1]
+                                            for k, v in r.changes.items()})
             if first.parity == "previous":
                 first = replace(first, parity="none", parity_note="the rung before it did "
                                 "not run (--from)")
@@ -101,6 +104,8 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
             if ref is None and ok:
                 ref = row
             row = _check(row, rung, ref, prev, recipe)
+            if row is not ref:
+                row = mark_effect(row, rung.changes)
             prev = row if ok else None  # "previous" means the rung just before, or no check
             emit(spec, rows, row, on_row, i, total)
             if search and rung.name.startswith("fast: "):

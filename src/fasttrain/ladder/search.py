@@ -10,6 +10,7 @@ from ..errors import FasttrainError
 from ..measure.files import write_atomic
 from ..measure.rows import append_row, make_row
 from ..recipe import Recipe, kernel_families, to_toml
+from ..techniques import technique_of
 from ..workloads.base import Workload
 from .rungs import Rung, build_ladder
 
@@ -47,9 +48,11 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     from ..techniques.gemm_pad import odd_widths
     from ..layers.fused import StreamCarrier, fused_layers
 
+    from .traits import converts, prefers_channels_last
+
     with torch.device("meta"):
         model = workload.build_model()
-    if workload.converts:  # the search starts at the convert rung: it tunes the converted layers
+    if converts(workload):  # the search starts at the convert rung: it tunes the converted layers
         from ..converters import convert
 
         convert(model, check=False)
@@ -81,7 +84,7 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
         axes.append(("bf16 stream", "stream_dtype", "bf16"))
     if odd_widths(model, 8):  # a linear width (a vocabulary) off the multiple of 8 tensor
         axes.append(("GEMM widths padded", "gemm_pad", 64))  # cores want: 64, as nanoGPT's
-    if getattr(workload, "prefers_channels_last", False):
+    if prefers_channels_last(workload):
         axes.append(("no NHWC", "channels_last", False))
     elif any(isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm)) for m in model.modules()):
         # the norms' backward is where Inductor makes mix-order reductions (Swin: +1.4%,
@@ -129,14 +132,22 @@ def _gains(row: dict, best: dict | None) -> bool:
     return best is None or row["throughput"] > best["throughput"] * (1 + MIN_GAIN)
 
 
+def _kept(row: dict, best: dict | None) -> bool:
+    """A candidate is kept where it ran, passed parity, changed something (not ``effect:
+    none``: a gain would be noise) and gained ``MIN_GAIN`` over ``best``."""
+    return _ran_and_passed(row) and row.get("effect") != "none" and _gains(row, best)
+
+
 class FastSearch:
     """The ``fast`` preset's greedy search. It starts from the default ladder's recipe up to
     compile (every PyTorch technique that always helps), then tries one switch at a time on top
     of the best recipe so far — CUDA graphs, fp8 (large layers, then all), math attention where
     the workload's attention is small enough for compile's fused softmax (Swin's 49-token
     windows), fasttrain's kernels, NHWC off — and keeps a
-    switch only when its rung passed parity and measured at least ``MIN_GAIN`` faster. One rung
-    per switch instead of every combination: n + 1 rungs, not 2ⁿ."""
+    switch only when its rung passed parity, changed something and measured at least
+    ``MIN_GAIN`` faster; a switch whose technique matched nothing in an earlier trial (the
+    row's ``no_effect``) is not measured. One rung per switch instead of every combination:
+    n + 1 rungs, not 2ⁿ."""
 
     def __init__(self, workload: Workload, base: Recipe, processes: int = 1):
         self.start = fast_start(workload, base)
@@ -146,6 +157,7 @@ class FastSearch:
         self.axes = fast_axes(workload)
         self.best: dict | None = None
         self.skipped: list[tuple[str, str]] = []  # switches not tried, and why
+        self.idle: dict[str, str] = {}  # techniques that matched nothing in a trial → why
         if processes > 1:  # a valid recipe that the run refuses on several ranks
             self.skipped += [(label, f"master_weights with bf16-mixed runs on one process, this "
                                      f"ladder on {processes}")
@@ -166,10 +178,20 @@ class FastSearch:
 
     def next(self, row: dict, recipe: Recipe) -> tuple[Rung, Recipe] | None:
         """Take the result of the last candidate; the next candidate, or None when done."""
-        if _ran_and_passed(row) and _gains(row, self.best):
+        if _kept(row, self.best):
             self.best, self.recipe, self.parts = row, recipe, self._pending
+        # what matched nothing in one trial matches nothing in the next: the axes are only those
+        # the model has layers for, so a technique idles for the device (no float8 tensor cores:
+        # fp8 large, then fp8) or the model (no SDPA call for math attention). Not kernels: a
+        # family whose Triton kernel cannot run idles where the next family may not.
+        self.idle.update({k: v for k, v in (row.get("no_effect") or {}).items()
+                          if k != "kernels"})
         while self.axes:
             label, key, value = self.axes.pop(0)
+            if (tech := technique_of(key)) in self.idle:
+                self.skipped.append((label, f"{tech} had no effect in an earlier trial: "
+                                            f"{self.idle[tech]}"))
+                continue
             if key == "kernels" and self.recipe.kernels != "none":  # families add up
                 value = ",".join(sorted(kernel_families(self.recipe.kernels) | {value}))
                 label = f"kernels {value}"
@@ -188,12 +210,13 @@ class FastSearch:
 
 def pick_fast(rows: list[dict]) -> dict | None:
     """The search's result from its rows, in the order they ran: the last candidate that ran,
-    passed parity and gained ``MIN_GAIN`` over the one kept before it (None if none ran);
+    passed parity, had an effect and gained ``MIN_GAIN`` over the one kept before it (None if
+    none ran);
     the repeats that confirm the ratio to the peer are not candidates."""
     best = None
     for row in rows:
         if str(row.get("rung", "")).startswith("fast: ") and not row.get("repeat_of") \
-                and _ran_and_passed(row) and _gains(row, best):
+                and _kept(row, best):
             best = row
     return best
 

@@ -10,7 +10,7 @@ from ..measure.parity import compare
 from ..measure.rows import append_row
 from ..recipe import Recipe
 from ..run.child import ChildSpec, run_in_child
-from ..techniques import allocator
+from ..techniques import allocator, technique_of
 
 
 @dataclass
@@ -56,6 +56,21 @@ def finish_row(row: dict, ref: dict | None, precision: str) -> dict:
         if row.get("mfu") is not None and row.get("probe_flops"):
             row["mfu"] = row["mfu"] * flops / row["probe_flops"]
     row["speedup"] = speedup(row, ref)
+    return row
+
+
+def mark_effect(row: dict, changes: dict[str, Any]) -> dict:
+    """A rung whose own changes all map to techniques that matched nothing in its run (the row's
+    ``no_effect``: a flash-attention rung on a CNN) is marked ``effect: none`` with their reasons
+    and loses its speed-up: its time differs from the rung before it only by noise. The rungs
+    after it keep theirs, still measured against the base."""
+    idle = row.get("no_effect") or {}
+    techs = {technique_of(f) for f in changes}
+    if row.get("error") or row.get("skipped") or not techs or not techs <= idle.keys():
+        return row
+    row["effect"] = "none"
+    row["effect_reasons"] = {t: idle[t] for t in sorted(techs)}
+    row["speedup"] = None
     return row
 
 

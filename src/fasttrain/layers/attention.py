@@ -26,6 +26,15 @@ from .fused import FusedPath
 from .linear import linear
 
 FUSED_MAX_HEAD_DIM = 256  # the widest head SDPA's flash and cuDNN kernels take
+# The longest sequence the Triton self-attention kernel takes from SDPA where a layer can choose
+# per call (MultiheadSelfAttention, layers/sdpa_route.py). A plain-PyTorch ViT-B attention
+# (packed qkv projection, 12 heads, bf16, ~100k tokens a batch), forward + backward compiled, on
+# an H100: 2.95 / 2.89 / 3.60 / 4.95 ms against SDPA's 3.50 / 3.34 / 3.87 / 5.02 at 197 / 256 /
+# 512 / 1,024 tokens reading q, k and v in place (the router's eager path), 3.21 / 3.14 / 3.83 /
+# 5.18 with the backward's copy (its compiled path) (sdpa-route-micro-20261126-1614); the
+# H200's ViT layer: 18% faster at 197 tokens, 12% slower at 1,024
+# (kernels-micro-attention-20261122-0300).
+SEQ_ATTENTION_MAX_TOKENS = 512
 SCORES_MAX_BYTES = 1 << 30
 GEMM_EVENT = "fasttrain::gemm_attention"  # the profiler label techniques.attention counts
 
@@ -137,3 +146,47 @@ class SelfAttention(FusedPath, nn.Module):
             qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
             out = attention(*qkv.unbind(0)).transpose(1, 2).reshape(B, T, C)  # from (B, H, T, D)
         return linear(self.proj, out, bias=proj_bias)
+
+
+class MultiheadSelfAttention(FusedPath, nn.MultiheadAttention):
+    """``nn.MultiheadAttention`` (the same parameters: ``in_proj_weight``, ``in_proj_bias``,
+    ``out_proj``) whose self-attention calls, ``mha(x, x, x, need_weights=False)`` with no mask,
+    run on the fused path (``kernels=attention``) as ``SelfAttention``'s: the packed projection
+    and one Triton kernel each way from its (B, T, 3·C) output (``batch_first=False``: the
+    (T, B, C) layout), its bias's gradient summed by the backward kernels. Every other call (a
+    mask, causal, attention weights asked for, separate query/key/value tensors, unbatched
+    input, dropout in training, more than ``SEQ_ATTENTION_MAX_TOKENS`` tokens) runs
+    ``nn.MultiheadAttention``'s own forward, as does the plain path."""
+
+    fused_kind, fused_triton, replaces_sdpa = "attention", True, True
+    attention_name = "multi-head self-attention"
+
+    def use_fused(self, on: bool) -> list[str]:
+        if on and self.head_dim > FUSED_MAX_HEAD_DIM:
+            return [f"multi-head self-attention of head dim {self.head_dim} kept on SDPA "
+                    f"(Triton kernel: ≤ {FUSED_MAX_HEAD_DIM})"]
+        self.fused = on
+        return ["multi-head self-attention from the packed projection in one Triton kernel "
+                "each way"]
+
+    def fuses(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              key_padding_mask, need_weights: bool, attn_mask, is_causal: bool) -> bool:
+        """Whether this call is one the fused path computes."""
+        return (self.fused and query is key and key is value and query.dim() == 3
+                and key_padding_mask is None and attn_mask is None and not need_weights
+                and not is_causal and (self.dropout == 0.0 or not self.training)
+                and query.shape[1 if self.batch_first else 0] <= SEQ_ATTENTION_MAX_TOKENS)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
+                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not self.fuses(query, key, value, key_padding_mask, need_weights, attn_mask,
+                          is_causal):
+            return super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                   average_attn_weights, is_causal)
+        from ..kernels.seq_attention import projected_seq_attention
+
+        out = projected_seq_attention(query, self.in_proj_weight, self.in_proj_bias,
+                                      self.num_heads, batch_second=not self.batch_first)
+        return self.out_proj(out), None  # (B, T, C), or (T, B, C)

@@ -1,4 +1,5 @@
-"""Feed-forward blocks: GELU MLP (ViT, Swin), SwiGLU (Llama) and GEGLU (SD).
+"""Feed-forward blocks: GELU MLP (ViT, Swin), SwiGLU (Llama) and GEGLU (SD), and an
+``nn.Sequential`` whose Linear → GELU pairs take the GELU MLP's fused path (a plain-PyTorch MLP).
 
 Fused paths (``kernels=gelu`` / ``kernels=swiglu``, Triton, ``kernels/activations.py``): fc1's
 bias add and the GELU in one kernel each way (fc1 runs without its bias), and SiLU(gate)·up in
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .fused import FusedPath
-from .linear import linear
+from .linear import Float8Linear, PaddedLinear, linear
 
 
 class Mlp(FusedPath, nn.Module):
@@ -43,6 +44,58 @@ class Mlp(FusedPath, nn.Module):
         else:
             h = F.gelu(self.fc1(x), approximate=self.approximate)
         return linear(self.fc2, h, bias=fc2_bias)
+
+
+GELU_LINEARS = (nn.Linear, PaddedLinear, Float8Linear)  # whose matmul ``linear`` runs bias-free
+
+
+def gelu_pairs(modules: list[nn.Module]) -> list[int]:
+    """Indices i where ``modules[i]`` is a linear layer ``linear`` can run without its bias (a
+    plain ``nn.Linear``, or one the fp8 or gemm_pad switches made) and ``modules[i + 1]`` an
+    ``nn.GELU``: the pairs the bias + GELU kernel computes, none overlapping."""
+    out: list[int] = []
+    for i in range(len(modules) - 1):
+        if (type(modules[i]) in GELU_LINEARS and type(modules[i + 1]) is nn.GELU
+                and (not out or out[-1] != i - 1)):
+            out.append(i)
+    return out
+
+
+class GeluSequential(FusedPath, nn.Sequential):
+    """``nn.Sequential`` (the same children, indices and state dict) whose Linear → GELU pairs
+    run, on the fused path, as ``Mlp``'s fc1 does: the matmul without its bias, then bias + GELU
+    in one Triton kernel each way; every other child runs as in ``nn.Sequential``. The plain
+    path is ``nn.Sequential``'s own forward."""
+
+    fused_kind, fused_triton = "gelu", True
+
+    def use_fused(self, on: bool) -> list[str]:
+        self.fused = on
+        return ["bias + GELU in one Triton kernel"]  # Mlp's words: the report counts them together
+
+    def fp32_params(self) -> list[nn.Parameter]:
+        """The pairs' linear biases, added in fp32 inside the kernel (as ``Mlp.fp32_params``)."""
+        if not self.fused:
+            return []
+        mods = list(self)
+        return [mods[i].bias for i in gelu_pairs(mods) if mods[i].bias is not None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return super().forward(x)
+        from ..kernels.activations import bias_gelu
+
+        mods = list(self)
+        pairs = gelu_pairs(mods)
+        i = 0
+        while i < len(mods):
+            if i in pairs:  # Linear → GELU: the matmul, then its bias and the GELU in one kernel
+                x = bias_gelu(linear(mods[i], x, bias=False), mods[i].bias, mods[i + 1].approximate)
+                i += 2
+            else:
+                x = mods[i](x)
+                i += 1
+        return x
 
 
 class SwiGLU(FusedPath, nn.Module):

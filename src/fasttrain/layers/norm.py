@@ -133,8 +133,11 @@ class LayerNorm(_FusedNorm, nn.LayerNorm):
 
 
 class RMSNorm(_FusedNorm, nn.RMSNorm):
-    """``nn.RMSNorm`` over the last dim with a float ``eps``; ``add(x, residual)`` normalizes
-    ``x + residual`` and returns ``(norm, sum)``; ``feeds_matmul`` as for ``LayerNorm``."""
+    """``nn.RMSNorm`` over the last dim; ``add(x, residual)`` normalizes ``x + residual`` and
+    returns ``(norm, sum)``; ``feeds_matmul`` as for ``LayerNorm``. ``eps=None`` (an
+    ``nn.RMSNorm``'s default) is fp32's machine epsilon, as torch takes it: that of the type
+    it computes in (its ``opmath`` type, fp32 for bf16 and fp16 inputs too, whatever its
+    documentation says of the input's dtype; torch 2.13)."""
 
     fused_kind, fused_triton, norm_name = "rmsnorm", True, "RMSNorm"
 
@@ -146,7 +149,7 @@ class RMSNorm(_FusedNorm, nn.RMSNorm):
         if self.fused:
             from ..kernels.norms import rms_norm
 
-            return rms_norm(x, self.weight, self.eps, out_dtype=self._out_dtype(x))
+            return rms_norm(x, self.weight, self._eps(x), out_dtype=self._out_dtype(x))
         return super().forward(x)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,7 +157,10 @@ class RMSNorm(_FusedNorm, nn.RMSNorm):
         if self.fused:
             from ..kernels.norms import rms_norm
 
-            return rms_norm(x, self.weight, self.eps, residual=residual,
+            return rms_norm(x, self.weight, self._eps(x), residual=residual,
                             out_dtype=self._out_dtype(x))
         h = x + residual
         return super().forward(h), h
+
+    def _eps(self, x: torch.Tensor) -> float:
+        return self.eps if self.eps is not None else torch.finfo(torch.float32).eps

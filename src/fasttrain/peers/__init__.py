@@ -66,7 +66,7 @@ def run_peer(workload: str, size: str = "base", batch: int | None = None, steps:
     """
     import torch
 
-    from .loop import RECIPES, measure, precision_flags
+    from .loop import RECIPES, precision_flags
 
     entry = peer_entry(workload)
     peer_recipe = peer_recipe or (entry[1] if entry else "bf16+compile")
@@ -92,14 +92,23 @@ def run_peer(workload: str, size: str = "base", batch: int | None = None, steps:
             extra = {"options": options or {}} if workload.startswith(("timm:", "hf:")) else {}
             spec = build(workload, size, batch, dev, tiny, recipe, **extra)
             row.update(peer=f"{spec.public} {peer_recipe}", batch=spec.batch)
-            row["recipe"] = _recipe_dict(recipe, spec, dev, compile_, warmup, seed)
-            measured = measure(spec, recipe, dev, steps, warmup, compile_)
-        row["recipe"]["compiled_modules"] = measured.pop("compiled")
-        row["recipe"]["patched"] = measured.pop("prepared")
-        row.update(measured)
+            measure_into(row, spec, recipe, dev, steps, warmup, compile_, seed)
     except Exception as err:  # noqa: BLE001 — an error is a row, never an abort
         row["error"] = _one_line(err)
     return row
+
+
+def measure_into(row: dict, spec, recipe, device, steps: int, warmup: int, compile_: bool,
+                 seed: int) -> None:
+    """Measure a built peer (``loop.measure``) into its row: what it did in ``recipe``, the
+    measured fields beside it."""
+    from .loop import measure
+
+    row["recipe"] = _recipe_dict(recipe, spec, device, compile_, warmup, seed)
+    measured = measure(spec, recipe, device, steps, warmup, compile_)
+    row["recipe"]["compiled_modules"] = measured.pop("compiled")
+    row["recipe"]["patched"] = measured.pop("prepared")
+    row.update(measured)
 
 
 def _recipe_dict(recipe, spec, device, compile_: bool, warmup: int, seed: int) -> dict:

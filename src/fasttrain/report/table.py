@@ -57,8 +57,15 @@ def row_cells(row: dict) -> list[str]:
     return [name, str(row.get("batch")), _num(row.get("step_time_s") and row["step_time_s"] * 1e3, ",.1f"),
             _spread(row), _throughput(row), _num(row.get("peak_allocated_gib"), ".1f"),
             _num(row.get("tflops"), ",.1f" if (row.get("tflops") or 0) >= 1 else ".2g"), _num(row.get("mfu") and row["mfu"] * 100, ".1f") +
-            ("%" if row.get("mfu") else ""), _num(row.get("speedup"), ".2f") +
-            ("×" if row.get("speedup") else ""), _parity(row), comment]
+            ("%" if row.get("mfu") else ""), _speedup(row), _parity(row), comment]
+
+
+def _speedup(row: dict) -> str:
+    """Against the base; "no effect" where the rung's own switches matched nothing (its time
+    is the rung before's plus noise: ladder.spec.mark_effect)."""
+    if row.get("effect") == "none":
+        return "no effect"
+    return _num(row.get("speedup"), ".2f") + ("×" if row.get("speedup") else "")
 
 
 def peer_summary(rows: list[dict]) -> str | None:
@@ -68,7 +75,8 @@ def peer_summary(rows: list[dict]) -> str | None:
     confirmed = _ratio_row(rows)
     peer = next((r for r in rows if r.get("kind") == "peer" and not r.get("error")), None)
     ours = [r for r in rows if r.get("kind") == "ladder" and r.get("throughput")
-            and not r.get("repeat_of") and (r.get("parity") or {}).get("passed") is not False]
+            and not r.get("repeat_of") and (r.get("parity") or {}).get("passed") is not False
+            and r.get("effect") != "none"]  # no effect: the rung before, measured again
     if not peer or not ours:
         return None
     best = max(ours, key=lambda r: r["throughput"])

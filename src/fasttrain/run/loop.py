@@ -24,7 +24,7 @@ from ..recipe import Recipe
 from ..distributed import env as dist_env
 from ..techniques import (TrainState, apply_after_probe, apply_before_probe, build_model,
                           finish_all, prepare_process, probe_contexts, unmet_requirements)
-from ..workloads.base import Batch, Workload
+from ..workloads.base import UNITS, Batch, Workload
 from . import checkpoint
 from .data import DevicePrefetcher, HostBatches, SlotPrefetcher, make_loader, to_device
 from .graphs import GraphedStep
@@ -61,6 +61,7 @@ class RunResult:
     phase_steps_s: dict[str, list[float]] = field(default_factory=dict)
     observed: dict[str, Any] = field(default_factory=dict)
     spread: dict[str, Any] | None = None  # steadiness.spread of step_times_s
+    no_effect: dict[str, str] = field(default_factory=dict)  # switches that matched nothing
 
     def to_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,7 +89,7 @@ def _seed(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def _probe_step(state: TrainState, batch: Batch, count: int, count_flops: bool) -> float | None:
+def _probe_step(state: TrainState, batch: Batch, count, count_flops: bool) -> float | None:
     flops = flop_counter() if count_flops else contextlib.nullcontext()
     try:
         with gqa_flop_formulas(), flops, probe_contexts(state):
@@ -107,7 +108,7 @@ def _probe_step(state: TrainState, batch: Batch, count: int, count_flops: bool) 
     return float(flops.get_total_flops()) if count_flops else None
 
 
-def _probe(state: TrainState, batch: Batch, count: int) -> float | None:
+def _probe(state: TrainState, batch: Batch, count) -> float | None:
     """One eager forward+backward: model FLOPs, and what the techniques' probe hooks record
     (the attention kernels that ran)."""
     try:
@@ -118,11 +119,42 @@ def _probe(state: TrainState, batch: Batch, count: int) -> float | None:
         return _probe_step(state, batch, count, count_flops=False)
 
 
+class ItemCounter:
+    """The global item count of a step (the loss divisor) as a 0-dim fp32 device tensor.
+
+    A workload counts each micro-batch (``Workload.count``): a Python int (rows of a batch) is
+    made a device tensor once per value and reused, a tensor (tokens that are not ignored) stays
+    on the device, so counting never waits for the GPU. Under several processes the count is
+    summed over the ranks every step (an all-reduce of one number, no host sync)."""
+
+    def __init__(self, workload: Workload, device: torch.device):
+        self.wl, self.dev = workload, device
+        self._ints: dict[int, torch.Tensor] = {}
+
+    def __call__(self, micro: list[Batch]) -> torch.Tensor:
+        parts = [self.wl.count(mb) for mb in micro]
+        if all(not isinstance(c, torch.Tensor) for c in parts):
+            n = int(sum(parts))
+            total = self._ints.get(n)
+            if total is None:
+                total = self._ints[n] = torch.tensor(float(n), device=self.dev)
+        else:
+            total = sum(torch.as_tensor(c, device=self.dev).float() for c in parts)
+        if dist_env.current().world > 1:
+            total = dist_env.sum_tensor(total.clone())
+        elif all(not isinstance(c, torch.Tensor) for c in parts):
+            return total  # a batch's rows, cached: never 0
+        # a step whose labels are all ignored has nothing to average: its summed loss (0) is
+        # divided by 1, not by 0
+        return total.clamp_min(1.0)
+
+
 class _Stepper:
     """One optimizer step over k micro-batches, with phase marks."""
 
-    def __init__(self, state: TrainState, timer: PhaseTimer, count: int):
-        self.s, self.timer, self.count = state, timer, count
+    def __init__(self, state: TrainState, timer: PhaseTimer):
+        self.s, self.timer = state, timer
+        self.count: torch.Tensor | None = None  # this step's global item count (ItemCounter)
         self.params = [p for p in state.trainable.parameters() if p.requires_grad]
         # an optimizer that clips inside its step (optimizer_impl=triton) takes it from here
         self.clip = bool(state.recipe.grad_clip) and not getattr(state.optimizer,
@@ -137,11 +169,11 @@ class _Stepper:
         line = self.s.applied.get("graph_memset_kernels", "")
         self.s.applied["graph_memset_kernels"] = f"{line}: {note}" if line else note
 
-    def _core(self, batch: Batch) -> torch.Tensor:
+    def _core(self, batch: Batch, count: torch.Tensor) -> torch.Tensor:
         """Graph body: the whole step on one micro-batch (no host syncs)."""
         s = self.s
         with s.step_context():
-            loss = s.workload.loss(s.model, batch) / self.count
+            loss = s.workload.loss(s.model, batch) / count
         (loss * s.world if s.world > 1 else loss).backward()
         if self.clip:
             torch.nn.utils.clip_grad_norm_(self.params, s.recipe.grad_clip)
@@ -154,7 +186,7 @@ class _Stepper:
             if s.ema is not None:
                 s.ema.before_optimizer()
             t.mark("graph")
-            loss = self.graphed(micro[0])
+            loss = self.graphed(micro[0], self.count)
         else:
             loss = self._eager(micro)
         if s.ema is not None:
@@ -324,7 +356,8 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
     else:
         it = HostBatches(iter(loader), dev, r.accumulation, state.non_blocking)
     timer = PhaseTimer(dev, labels=any(o.labels for o in observers))
-    stepper, losses, host_wait, count, counts = None, [], 0.0, 0, []
+    stepper, counter, losses, counts = _Stepper(state, timer), ItemCounter(wl, dev), [], []
+    host_wait = 0.0
     t0 = time.perf_counter()
     # A captured graph keeps its activations in a private pool that counts as free between
     # replays, so with CUDA graphs the peak is taken over warm-up and capture too.
@@ -342,13 +375,8 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
         h0 = time.perf_counter()
         micro = next(it)
         host_wait += time.perf_counter() - h0
-        if stepper is None or not wl.constant_count:  # items in the global batch
-            count = int(dist_env.sum_tensor(torch.tensor(
-                [float(sum(wl.count(mb) for mb in micro))], device=dev)).item())
-            if stepper is None:
-                stepper = _Stepper(state, timer, count)
-            stepper.count = count
-        counts.append(count)
+        stepper.count = counter(micro)  # items in the global batch
+        counts.append(stepper.count)
         losses.append(stepper(micro))
         for obs in observers:
             obs.end(i)
@@ -359,9 +387,9 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
         state.ema.synchronize()
     finish_all(state)  # the techniques' finish hooks (compile's counters and cache)
     totals, phases = timer.results(skip=warmup)
-    # Items per second: with varying counts (padding), all timed items over all timed time.
-    rate = count / statistics.median(totals) if wl.constant_count else \
-        sum(counts[warmup:]) / sum(totals)
+    # Items per second: the mean items of a timed step over the median step time, the same
+    # statistic as ms/step (with constant counts exactly items per step / ms per step).
+    rate = float(torch.stack(counts[warmup:]).mean()) / statistics.median(totals)
     return _summarise(state, totals, phases, losses, flops, warmup_s, host_wait / steps, rate)
 
 
@@ -375,7 +403,7 @@ def _summarise(state, totals, phases, losses, flops, warmup_s, host_wait, rate) 
         batch=state.micro_batch * state.recipe.accumulation * dist_env.current().world,
         steps=len(totals),
         step_time_s=med, step_time_min_s=min(totals), step_time_max_s=max(totals),
-        throughput=rate, throughput_unit=f"{wl.unit}/s",
+        throughput=rate, throughput_unit=f"{UNITS.get(wl.unit, wl.unit)}/s",
         peak_allocated_gib=dist_env.max_float(
             torch.cuda.max_memory_allocated(dev) / GIB if cuda else None),
         peak_reserved_gib=dist_env.max_float(
@@ -386,5 +414,6 @@ def _summarise(state, totals, phases, losses, flops, warmup_s, host_wait, rate) 
         losses=[float(x) for x in dist_env.sum_tensor(torch.stack(losses).float()).cpu()],
         phases_s={k: statistics.median(v) for k, v in phases.items()},
         data_wait_host_s=host_wait, applied=dict(state.applied), warnings=list(state.warnings),
+        no_effect=dict(state.no_effect),
         compile=state.compile_stats,
         step_times_s=list(totals), phase_steps_s=phases, spread=spread(totals))

@@ -51,6 +51,23 @@ def registry() -> list[Technique]:
     return sorted(techs, key=lambda t: t.phase)
 
 
+FIELD_TECHNIQUE = {
+    "workers": "dataloader", "pin_memory": "dataloader", "non_blocking": "dataloader",
+    "prefetch_factor": "dataloader", "device_prefetch": "dataloader",
+    "pad_multiple": "padding", "ema_decay": "ema", "checkpoint_every": "checkpointing",
+    "compile_mode": "compile", "compile_backend": "compile", "compile_cache": "compile",
+    "optimizer_impl": "optimizer", "schedule": "optimizer", "offload": "optimizer",
+}
+"""Recipe fields served by a technique of another name. A technique's name is its own field
+(``precision``, ``attention``, ``fp8``); switches that report on their own (``pdl``,
+``combo_kernels``, ``autotune_reductions``, ``master_weights``) keep their field's name."""
+
+
+def technique_of(field: str) -> str:
+    """The key under which a run's ``no_effect`` would name the recipe field ``field``."""
+    return FIELD_TECHNIQUE.get(field, field)
+
+
 def unmet_requirements(recipe: Recipe, device_type: str) -> list[str]:
     """Why this recipe cannot run on this device (empty when it can)."""
     out = []
@@ -120,6 +137,6 @@ def build_model(workload: Workload, recipe: Recipe, device: torch.device) -> nn.
     return init.build_model(workload, recipe, device)
 
 
-__all__ = ["PROBE_AFTER", "Phase", "Technique", "TrainState", "apply_after_probe", "apply_all",
-           "apply_before_probe", "build_model", "finish_all", "prepare_process", "probe_contexts",
-           "registry", "unmet_requirements"]
+__all__ = ["FIELD_TECHNIQUE", "PROBE_AFTER", "Phase", "Technique", "TrainState",
+           "apply_after_probe", "apply_all", "apply_before_probe", "build_model", "finish_all",
+           "prepare_process", "probe_contexts", "registry", "technique_of", "unmet_requirements"]

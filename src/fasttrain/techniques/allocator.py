@@ -44,11 +44,11 @@ def configure(recipe: Recipe) -> str | None:
 def apply(state: TrainState) -> str | None:
     conf = os.environ.get(ENV, "")
     if not state.cuda:
-        state.warn("allocator", "allocator settings apply to CUDA only; no effect on CPU")
+        state.idle("allocator", "allocator settings apply to CUDA only; no effect on CPU")
         return None
     if state.recipe.allocator == "expandable":
         if SETTING not in conf:
-            state.warn("allocator", "expandable segments are NOT in effect")
+            state.idle("allocator", "expandable segments are NOT in effect")
             return None
         return f"{ENV}={conf} (set before CUDA started)"
     return None

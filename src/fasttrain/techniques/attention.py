@@ -121,13 +121,17 @@ def verdict(choice: str, seen: Counter, reasons: dict) -> tuple[str, bool]:
 @contextlib.contextmanager
 def probe(state: TrainState) -> Iterator[None]:
     """Around the probe step: which SDPA kernels ran (a CPU profile of the ops) and why flash
-    or efficient refused a call; on a clean exit, one line in ``applied`` and a warning where
-    the recipe's backend fell back to math."""
+    or efficient refused a call; on a clean exit, one line in ``applied``, a warning where
+    the recipe's backend fell back to math, and *no effect* where a backend was chosen for a
+    model that never calls SDPA (a CNN)."""
     reasons = FallbackReasons(state.recipe.attention)
     with profile(activities=[ProfilerActivity.CPU]) as prof, reasons:
         yield
-    line, fell_back = verdict(state.recipe.attention, kernels_from_profile(prof), reasons.reasons)
-    if fell_back:
+    seen = kernels_from_profile(prof)
+    line, fell_back = verdict(state.recipe.attention, seen, reasons.reasons)
+    if not seen and state.recipe.attention != "math":  # math: the plain path, not a switch
+        state.idle("attention", f"{line}; attention={state.recipe.attention} changes nothing")
+    elif fell_back:
         state.warn("attention", line)
     state.note("attention", line)
 

@@ -97,6 +97,7 @@ class TrainState:
     autocast_cache: bool = True  # CUDA graph capture needs the autocast cache off
     applied: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    no_effect: dict[str, str] = field(default_factory=dict)  # technique → why it changed nothing
     restore: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property
@@ -111,6 +112,13 @@ class TrainState:
     def warn(self, technique: str, message: str) -> None:
         """A switch that matched nothing or fell back: recorded, never silent."""
         self.warnings.append(f"{technique}: {message}")
+
+    def idle(self, technique: str, reason: str) -> None:
+        """``technique`` was asked for but matched nothing in this model: recorded (with the
+        reason) as a warning and in the row's ``no_effect``, so the ladder shows its rung as
+        *no effect* instead of crediting it with noise."""
+        self.no_effect[technique] = reason
+        self.warn(technique, reason)
 
     def set_flag(self, obj: Any, attr: str, value: Any) -> None:
         """Set a global backend flag and restore it when the run ends."""

@@ -21,7 +21,7 @@ from .base import Phase, Technique, TrainState
 def apply(state: TrainState) -> str | None:
     convs = [m for m in state.model.modules() if isinstance(m, nn.Conv2d)]
     if not convs:
-        state.warn("channels_last", "the model has no Conv2d; nothing converted")
+        state.idle("channels_last", "the model has no Conv2d; nothing converted")
         return None
     state.model.to(memory_format=torch.channels_last)
     for m in state.model.modules():  # models convert their image inputs when asked

@@ -71,7 +71,7 @@ def apply(state: TrainState) -> str | None:
     r = state.recipe
     blocks = [b for b in state.workload.regional_blocks(state.model) if _trainable(b)]
     if not blocks:
-        state.warn("checkpointing", "no repeated trainable blocks found; nothing checkpointed")
+        state.idle("checkpointing", "no repeated trainable blocks found; nothing checkpointed")
         return None
     chosen = blocks[:: r.checkpoint_every]
     for block in chosen:

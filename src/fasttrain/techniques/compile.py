@@ -86,7 +86,7 @@ def _inductor_switches(state: TrainState) -> str:
             why = (None if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
                    else f"needs a GPU of compute capability 9.0 or newer, not {dev}")
         if why:
-            state.warn(name, f"{why}; left off")
+            state.idle(name, f"{why}; left off")
             continue
         state.set_flag(obj, flag, True)
         done += f"; {says}"

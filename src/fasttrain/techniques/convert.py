@@ -22,7 +22,7 @@ def apply(state: TrainState) -> str | None:
     for line in report.skipped_lines():
         state.warn("convert", line)
     if not report:
-        state.warn("convert", nothing_converted(state.model, report))
+        state.idle("convert", nothing_converted(state.model, report))
         return None
     return report.summary()
 

@@ -2,7 +2,8 @@
 
 When it helps: small or launch-bound steps, where the CPU cannot issue kernels as fast as the GPU
 runs them. Numerics: none. Requirements: CUDA, static shapes, no host syncs in the step (hence
-no GradScaler and a capturable optimizer), one micro-batch per step. The capture itself lives in
+no GradScaler and a capturable optimizer), one micro-batch per step. The item count may vary
+(it is a static input of the graph); the shapes may not. The capture itself lives in
 run/graphs.py; this card checks and records.
 """
 from __future__ import annotations
@@ -14,13 +15,14 @@ from .base import Phase, Technique, TrainState
 def apply(state: TrainState) -> str:
     if not state.cuda:
         raise ValueError("cuda_graphs needs a CUDA device")
-    if not state.workload.constant_count:
-        # The step divides the summed loss by the batch's item count, a number the capture
-        # would freeze: batches with other counts (padding, ignored labels) would train with
-        # the wrong scale.
-        raise FasttrainError(f"cuda_graphs: {state.workload.name} batches hold varying item "
-                             "counts (padding or ignored labels), which a captured step cannot "
-                             "follow; turn cuda_graphs off")
+    wl, r = state.workload, state.recipe
+    cap = getattr(wl, "max_length", None)
+    if wl.pad_fields and not (r.pad_multiple and cap and r.pad_multiple >= cap):
+        # A captured step replays one shape; the item count is a static input and may vary.
+        how = f"set pad_multiple={cap} (one shape) or turn cuda_graphs off" if cap else \
+            "turn cuda_graphs off"
+        raise FasttrainError(f"cuda_graphs: {wl.name} batches are padded to their longest item, "
+                             f"so their shapes vary and a captured step cannot follow; {how}")
     state.autocast_cache = False
     return "whole step captured after warm-up; batches copied into static inputs"
 

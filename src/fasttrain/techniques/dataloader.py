@@ -36,6 +36,9 @@ def apply(state: TrainState) -> str:
     state.device_prefetch = r.device_prefetch and state.cuda
     if r.device_prefetch and not state.cuda:
         state.warn("dataloader", "device_prefetch needs CUDA; ignored")
+    if not r.workers and not state.cuda and (r.pin_memory or r.non_blocking or r.device_prefetch):
+        state.idle("dataloader", "no workers; pin_memory, non_blocking and device_prefetch act "
+                   "on CUDA copies only: nothing changed")
     parts = [f"{r.workers} workers" if r.workers else "loading in the main process"]
     if kw["pin_memory"]:
         parts.append("pinned memory")

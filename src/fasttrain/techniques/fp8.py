@@ -43,14 +43,14 @@ def fp8_targets(blocks: list[nn.Module], mode: str = "linear") -> tuple[list[nn.
 def apply(state: TrainState) -> str | None:
     if state.cuda and torch.cuda.get_device_capability(state.device) < (8, 9):
         name = torch.cuda.get_device_name(state.device)
-        state.warn("fp8", f"{name} has no float8 tensor cores (needs compute capability 8.9+); "
+        state.idle("fp8", f"{name} has no float8 tensor cores (needs compute capability 8.9+); "
                           "the linear layers stay in bf16")
         return None
     mode = state.recipe.fp8
     layers, unaligned = fp8_targets(state.workload.regional_blocks(state.model), mode)
     if not layers:
         size = " and at least 2^24 weights" if mode == "large" else ""
-        state.warn("fp8", f"no trainable nn.Linear with widths divisible by 16{size} in the "
+        state.idle("fp8", f"no trainable nn.Linear with widths divisible by 16{size} in the "
                           "repeated blocks; fp8 changes nothing")
         return None
     for m in layers:

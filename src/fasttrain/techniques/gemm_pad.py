@@ -72,7 +72,7 @@ def apply(state: TrainState) -> str | None:
     n = state.recipe.gemm_pad
     done = pad_linears(state.model, n)
     if not done:
-        state.warn("gemm_pad", f"no linear output width of {state.workload.name} is off a "
+        state.idle("gemm_pad", f"no linear output width of {state.workload.name} is off a "
                                f"multiple of {n} by at most 1/16 of itself; nothing padded")
         return None
     more = f", {len(done) - 4} more" if len(done) > 4 else ""

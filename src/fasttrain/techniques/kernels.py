@@ -12,11 +12,12 @@ plain path) and before compile, which must trace the fused path.
 """
 from __future__ import annotations
 
+import sys
 from collections import Counter
 
 from torch import nn
 
-from ..layers.fused import fused_layers, partial_fused_layers, switch_fused
+from ..layers.fused import fused_layers, partial_fused_layers, switch_fused, triton_unavailable
 from ..recipe import kernel_families
 from .base import Phase, Technique, TrainState
 
@@ -44,7 +45,8 @@ def apply(state: TrainState) -> str | None:
         state.warn("kernels", f"{state.workload.name} is a public model: its classes have no "
                    "fused paths until converted; set convert=true")
     layers = fused_layers(state.model)
-    missing = sorted(wanted - {m.fused_kind for m in layers})
+    route = _route_sdpa(state, wanted, layers)
+    missing = sorted(wanted - {m.fused_kind for m in layers} - ({"attention"} if route else set()))
     if missing and state.recipe.kernels != "fused":
         state.warn("kernels", f"{state.workload.name} has no {', '.join(missing)} layer")
     done, kept, no_triton = switch_fused(layers, wanted, state.device)
@@ -56,15 +58,45 @@ def apply(state: TrainState) -> str | None:
         state.applied["attention"] = "; ".join(
             f"the Triton {name} kernel in {n} layers (kernels={kind}); SDPA is not called"
             for (kind, name), n in replaced.items())
-    if not done:
+    if not done and not route:
         if not layers:
             state.warn("kernels", f"{state.workload.name} has no layer with a fused kernel; "
                                   f"kernels={state.recipe.kernels} changes nothing")
+        state.no_effect["kernels"] = f"no fused path switched on (kernels={state.recipe.kernels})"
         return None
-    return "; ".join(f"{what} ×{n}" for what, n in done.items())
+    return "; ".join(f"{what} ×{n}" for what, n in done.items()) or None
+
+
+def _route_sdpa(state: TrainState, wanted: frozenset[str], layers: list) -> bool:
+    """``attention`` wanted, a model without a fasttrain attention layer: its own calls of
+    F.scaled_dot_product_attention go to the Triton kernel where it takes them
+    (``layers/sdpa_route.py``), around every forward; ``finish`` says what it routed."""
+    if ("attention" not in wanted or any(m.fused_kind == "attention" for m in layers)
+            or triton_unavailable(state.device)):
+        return False
+    from ..layers.sdpa_route import SdpaRoute
+
+    state.step_contexts.append(SdpaRoute().active)
+    return True
+
+
+def finish(state: TrainState) -> None:
+    """The SDPA route's counts in the kernels line where it routed a call (and in the
+    attention line, which the probe wrote before it); no effect where it routed none and no
+    fused path was switched on."""
+    mod = sys.modules.get("fasttrain.layers.sdpa_route")
+    routes = [c.__self__ for c in state.step_contexts
+              if mod and isinstance(getattr(c, "__self__", None), mod.SdpaRoute)]
+    for route in routes:
+        if route.routed:
+            state.note("kernels", route.summary())
+            state.note("attention", f"then, kernels=attention: {route.summary()}")
+        elif not any(m.fused for m in fused_layers(state.model)):
+            state.idle("kernels", "no fused path switched on and no SDPA call routed "
+                       f"({route.summary() or 'no call seen'})")
 
 
 TECHNIQUE = Technique(
     name="kernels", phase=Phase.KERNELS, summary="fused kernels where a layer has them",
-    changes_numerics=True, apply=apply, active=lambda r: r.kernels != "none",
+    changes_numerics=True, apply=apply, active=lambda r: r.kernels != "none", finish=finish,
     example={"kernels": "fused"})

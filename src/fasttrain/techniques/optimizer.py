@@ -149,6 +149,7 @@ def _mixed_masters(state: TrainState, params: list[torch.Tensor], lr: float, wha
     if not weights:
         state.warn("optimizer", "master_weights: no trainable linear or convolution weights "
                    "to store in bf16")
+        state.no_effect["master_weights"] = "no trainable linear or convolution weights"
     originals = {id(p): fp32 for p, fp32 in zip(weights, _store_in_bf16(weights))}
     n16 = sum(p.numel() for p in weights)
     return _flat_adamw(state, params, lr, what, [originals.get(id(p)) for p in params]) + (

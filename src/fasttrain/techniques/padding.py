@@ -18,7 +18,7 @@ from .base import Phase, Technique, TrainState
 def apply(state: TrainState) -> str | None:
     n, fields = state.recipe.pad_multiple, dict(state.workload.pad_fields)
     if not fields:
-        state.warn("padding", f"{state.workload.name} batches have no variable-length fields; "
+        state.idle("padding", f"{state.workload.name} batches have no variable-length fields; "
                               "pad_multiple ignored")
         return None
     cap = getattr(state.workload, "max_length", None)

@@ -24,7 +24,7 @@ def apply(state: TrainState) -> str:
     _matmul_flags(state, tf32=(p != "fp32"))
     if p in ("fp32", "tf32"):
         if p == "tf32" and not state.cuda:
-            state.warn("precision", "tf32 has no effect on CPU (plain fp32 math)")
+            state.idle("precision", "tf32 has no effect on CPU (plain fp32 math)")
             return "fp32 (TF32 is a CUDA feature)"
         return "fp32 weights and math" + (", TF32 matmuls" if p == "tf32" else ", TF32 off")
     if p == "bf16-true":

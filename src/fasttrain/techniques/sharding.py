@@ -78,7 +78,7 @@ def apply(state: TrainState) -> str | None:
             raise ValueError("sharding=none with several processes would train N separate models")
         return None
     if not d.active:
-        state.warn("sharding", f"{mode} asked for, but this is a single process; nothing sharded")
+        state.idle("sharding", f"{mode} asked for, but this is a single process; nothing sharded")
         return None
     if mode in ("ddp", "zero1"):
         state.model = _ddp(state)

@@ -27,14 +27,14 @@ from .base import Phase, Technique, TrainState
 def apply(state: TrainState) -> str | None:
     # the recipe's validation allows bf16 only with bf16-mixed or bf16-true
     if state.recipe.precision == "bf16-true":
-        state.warn("stream_dtype", "bf16-true keeps the whole model in bf16; the residual "
+        state.idle("stream_dtype", "bf16-true keeps the whole model in bf16; the residual "
                    "stream is bf16 already")
         return None
     carriers = [m for m in state.model.modules() if isinstance(m, StreamCarrier)]
     if not carriers:
         hint = ("; set convert=true to swap its public classes for fasttrain's layers"
                 if state.workload.converts and not state.recipe.convert else "")
-        state.warn("stream_dtype", f"{type(state.model).__name__} has no residual stream that "
+        state.idle("stream_dtype", f"{type(state.model).__name__} has no residual stream that "
                    f"fasttrain carries (ViT, Swin and Llama do); nothing changed{hint}")
         return None
     for m in carriers:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
+import sys
 from typing import Any
 
 from ..errors import FasttrainError, describe_error
@@ -42,6 +44,8 @@ def _factory(spec: str):
         raise FasttrainError(
             f"unknown workload {spec!r}: use one of {', '.join(REGISTRY)} or package.module:factory")
     mod_name, fn_name = target.split(":", 1)
+    if spec not in REGISTRY:
+        _importable_here()
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as err:
@@ -50,6 +54,14 @@ def _factory(spec: str):
     if not callable(fn):
         raise FasttrainError(f"workload {spec!r}: {mod_name} has no callable {fn_name!r}")
     return fn
+
+
+def _importable_here() -> None:
+    """A user's ``package.module:factory`` resolves against the current folder first, as
+    ``python -m`` does (the folder a command runs from need not be installed or on PYTHONPATH)."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def load_workload(spec: str, size: str = "tiny", seed: int = 0, data: str | None = None,

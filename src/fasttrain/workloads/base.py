@@ -3,8 +3,14 @@
 A workload builds its model (called inside ``torch.device(device)`` after seeding, so weights
 are created directly on the target device), provides a map-style Dataset whose items are dicts
 of tensors, and computes the *summed* loss of a batch. The loop divides by the global number of
-items (images or tokens) in the optimizer step, so k accumulated micro-batches equal one big
-batch exactly.
+items in the optimizer step, so k accumulated micro-batches equal one big batch exactly, and
+the reported loss is the mean per item.
+
+What an item is, the workload says and fasttrain counts (:meth:`Workload.count`): a *sample* or
+*image* is a row of the batch (the first dimension of ``count_field``, else of the first
+tensor); a *token* is an element of ``count_field`` (else of the first tensor) that is not
+``ignore_index``. The count is a device tensor, so a batch with another count (padding,
+ignored labels) costs no host synchronisation and a captured CUDA graph follows it.
 """
 from __future__ import annotations
 
@@ -20,21 +26,32 @@ Batch = dict[str, torch.Tensor]
 
 SIZES = ("tiny", "base", "large")
 
+UNITS = {"sample": "sample", "samples": "sample", "img": "img", "image": "img", "images": "img",
+         "tok": "tok", "token": "tok", "tokens": "tok"}
+"""Accepted spellings of an item → the unit rows use."""
+
+
+def canonical_unit(unit: str) -> str:
+    """The unit rows use for ``unit``; a ValueError naming the choices for another word."""
+    try:
+        return UNITS[unit]
+    except (KeyError, TypeError):
+        raise ValueError(f"unit {unit!r} is not one of sample, img, token") from None
+
 
 class Workload:
     """Base class of every workload; subclasses override the methods below."""
 
     name: str = "workload"
     size: str = "tiny"
-    unit: str = "sample"  # throughput numerator: img, tok, sample
+    unit: str = "sample"  # what an item is: sample, img, tok (throughput numerator, divisor)
+    count_field: str | None = None  # the batch field whose items are counted (None: the first)
+    ignore_index: int | None = None  # token entries equal to it are not items (labels: -100)
     default_batch: int = 8
     has_ema: bool = False  # the reference recipe keeps an EMA of the trainable module
     conv: bool = False  # channels_last is meaningful
     converts: bool = False  # a public model the converters reach: the ladder has a convert rung
     reference_lr: float = 1e-4  # the learning rate of a recipe that leaves lr at 0
-    # Every batch of the same size holds the same number of items (no padding/ignored labels):
-    # the loop counts once instead of syncing every step. SimpleWorkload counts every step.
-    constant_count: bool = True
     compile_scope: str = "model"  # what the ladder's compile rung compiles: model | regional
     # attention backends besides the ladder's "auto" that the fast preset search should measure
     attention_candidates: tuple[str, ...] = ()
@@ -59,10 +76,22 @@ class Workload:
         """Summed loss over the items of ``batch`` (a 0-dim tensor)."""
         return model(**batch)
 
-    def count(self, batch: Batch) -> int:
-        """Items (images or tokens) in a batch: the divisor of the summed loss."""
-        first = next(iter(batch.values()))
-        return int(first.shape[0])
+    def count(self, batch: Batch) -> int | torch.Tensor:
+        """Items in a batch, the divisor of the summed loss: rows of ``count_field`` for samples
+        and images; its entries other than ``ignore_index`` for tokens (a 0-dim tensor, counted
+        on the batch's device without a host sync)."""
+        if self.count_field is None:
+            field_ = next(iter(batch.values()))
+        elif self.count_field in batch:
+            field_ = batch[self.count_field]
+        else:
+            raise ValueError(f"count_field {self.count_field!r} is not in the batch "
+                           f"(fields: {', '.join(batch)})")
+        if canonical_unit(self.unit) != "tok":
+            return int(field_.shape[0])
+        if self.ignore_index is None:
+            return field_.numel()
+        return (field_ != self.ignore_index).sum()
 
     def trainable(self, model: nn.Module) -> nn.Module:
         """The module the optimizer, grad clipping and EMA see (SD: the UNet only)."""
@@ -94,7 +123,9 @@ class SimpleWorkload(Workload):
     """A user's own model as a workload, without subclassing.
 
     ``loss_fn(model, batch)`` must return the loss *summed* over the batch's items, or set
-    ``loss_is_mean=True`` and the mean is scaled by the item count.
+    ``loss_is_mean=True`` and the mean is scaled by the item count. ``unit`` says what an item
+    is (``sample``, ``img`` or ``token``); tokens are counted in ``count_field`` (default: the
+    batch's first field), skipping ``ignore_index``.
     """
 
     name: str = "user"
@@ -106,7 +137,17 @@ class SimpleWorkload(Workload):
     loss_is_mean: bool = False
     blocks: Callable[[nn.Module], Iterable[nn.Module]] | None = None
     size: str = "custom"
-    constant_count: bool = False
+    count_field: str | None = None
+    ignore_index: int | None = None
+
+    def __post_init__(self) -> None:
+        self.unit = canonical_unit(self.unit)
+        if self.ignore_index is not None and self.unit != "tok":
+            raise ValueError(f"ignore_index applies to token counts; unit is {self.unit!r} "
+                             "(set unit='token')")
+        if not callable(self.build) or isinstance(self.build, nn.Module):
+            raise ValueError(f"build must be a callable returning the model, not "
+                             f"{type(self.build).__name__}")
 
     def build_model(self) -> nn.Module:
         return self.build()

@@ -21,7 +21,7 @@ from torch import nn
 from ..layers.loss import LMHeadLoss
 from ..measure.files import cache_root
 from ..peers.hf_llama_peer import SHAPES, causal_lm_config
-from .base import Batch, Workload
+from .base import Workload
 from .data import TokenWindows, write_token_file
 from .weights import check_weights, load_weights
 
@@ -53,6 +53,7 @@ class CausalLMLoss(nn.Module):
 
 class HFCausalLMWorkload(Workload):
     unit, converts = "tok", True
+    count_field, ignore_index = "labels", -100
 
     def __init__(self, model: str, size: str, seed: int, data: str | None, config: str | None,
                  weights: str | None, seq_len: int | None):
@@ -87,9 +88,6 @@ class HFCausalLMWorkload(Workload):
         path = write_token_file(cache_root() / f"tokens-{count}-v{vocab}.u32", count, vocab,
                                 seed=1234)
         return TokenWindows(path, self.seq, seed=self.seed)
-
-    def count(self, batch: Batch) -> int:
-        return int((batch["labels"] != -100).sum())
 
     def describe(self) -> dict:
         return {**super().describe(), "model_type": self.config.model_type,

@@ -23,7 +23,7 @@ from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
-from .base import Batch, Workload
+from .base import Workload
 from .data import TokenWindows, VariableWindows, write_token_file
 from ..measure.files import cache_root
 
@@ -183,6 +183,7 @@ class TokenFile(TokenWindows):
 
 class LlamaWorkload(Workload):
     name, unit = "llama", "tok"
+    count_field, ignore_index = "labels", -100
 
     def __init__(self, size: str, seed: int, data: str | None, seq_len: int | None,
                  token_dtype: str, varlen: bool = False, vocab: int | None = None):
@@ -204,7 +205,6 @@ class LlamaWorkload(Workload):
         self.max_length = cfg.seq  # padding never goes past the RoPE tables
         if self.varlen:  # documents of 1/8 to all of seq_len tokens, padded per batch
             self.pad_fields = MappingProxyType({"input_ids": 0, "labels": -100})
-            self.constant_count = False
 
     def build_model(self) -> nn.Module:
         return Llama(self.cfg)
@@ -219,9 +219,6 @@ class LlamaWorkload(Workload):
                                     cfg.vocab, seed=1234)
             windows = TokenWindows(path, cfg.seq, seed=self.seed)
         return VariableWindows(windows, cfg.seq // 8, self.seed) if self.varlen else windows
-
-    def count(self, batch: Batch) -> int:
-        return int((batch["labels"] != -100).sum())
 
 
 def make(size: str = "tiny", seed: int = 0, data: str | None = None, seq_len: int | None = None,
