@@ -5,23 +5,37 @@ the step and schedule (written by rank 0, atomically); ``load`` reads them back 
 any world size and sharding — DCP reshards on load; ``export`` consolidates a folder into one
 ``torch.save`` file for inference or other tools. The data stream resumes at the saved step, so a
 resumed run sees the batches the uninterrupted run would have.
+
+Nothing read from a checkpoint folder can run code: DCP's ``.metadata`` is a pickle, so it is
+first read with an unpickler that builds only the classes DCP's metadata is made of (and refused
+in one line otherwise), and the non-tensor entries (learning rates, betas, flags) are read with
+``torch.load(weights_only=True)`` instead of DCP's default plain unpickling.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint.metadata as dcp_metadata
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from ..distributed import env as dist_env
 from ..errors import FasttrainError, describe_error
 from ..measure.files import write_atomic
 from ..techniques.base import TrainState
+from ..techniques.optimizer import continue_schedule, schedule_record
 
 META = "fasttrain.json"
+DCP_META = ".metadata"  # DCP's file name for its (pickled) Metadata
 
 
 def check(state: TrainState) -> None:
@@ -75,11 +89,114 @@ def save(state: TrainState, folder: str | Path, step: int) -> Path:
     if dist_env.current().main:
         meta = {"step": step, "recipe": state.recipe.to_dict(),
                 "workload": [state.workload.name, state.workload.size],
-                "scheduler": state.scheduler.state_dict() if state.scheduler else None,
+                "schedule": schedule_record(state.scheduler),
                 "world": dist_env.current().world}
         write_atomic(folder / META, json.dumps(meta))
     dist_env.barrier("checkpoint save", state.recipe.dist_timeout)
     return folder
+
+
+# What DCP's Metadata pickle is made of (found by reading real checkpoints' .metadata): its
+# dataclasses, the storage index, paths, torch.Size, dtypes and layouts. Names with a dot are
+# refused: pickle resolves "Path.touch" or "torch.load" as attributes, a way to reach a function.
+_METADATA_CLASSES = {n for n, o in vars(dcp_metadata).items()
+                     if isinstance(o, type) and o.__module__ == dcp_metadata.__name__}
+_ALLOWED = {
+    dcp_metadata.__name__: _METADATA_CLASSES,
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath",
+                "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+    "builtins": {"set", "frozenset", "slice"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only the classes DCP's metadata holds; anything else is refused, never called."""
+
+    def find_class(self, module: str, name: str):
+        torch_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if "." not in name and (torch_dtype or (module, name) == ("torch", "Size")
+                                or name in _ALLOWED.get(module, ())):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which DCP's metadata never holds")
+
+
+def _read_metadata(path: str | Path) -> dcp_metadata.Metadata:
+    """DCP's Metadata from ``path`` through the restricted unpickler; a one-line refusal else."""
+    try:
+        with open(path, "rb") as f:
+            meta = _MetadataUnpickler(f).load()
+    except FileNotFoundError:
+        raise FasttrainError(f"no DCP metadata ({path}) in this checkpoint folder") from None
+    except Exception as err:  # noqa: BLE001 - a crafted or damaged file: refused, whatever it is
+        raise FasttrainError(f"resume: {path} is not a DCP checkpoint's metadata "
+                             f"({describe_error(err, 120)}): it will not be loaded") from None
+    if not isinstance(meta, dcp_metadata.Metadata):
+        raise FasttrainError(f"resume: {path} holds a {type(meta).__name__}, not DCP's "
+                             "metadata: it will not be loaded")
+    return meta
+
+
+class _SafeReader(FileSystemReader):
+    """DCP's file reader with the metadata read through the restricted unpickler."""
+
+    def read_metadata(self, *args, **kwargs) -> dcp_metadata.Metadata:
+        meta = _read_metadata(self._get_metadata_path(kwargs.get("rank")))
+        if getattr(meta, "storage_meta", None) is None:
+            meta.storage_meta = dcp_metadata.StorageMeta()
+        meta.storage_meta.load_id = self.load_id
+        return meta
+
+
+class _PlainData:
+    """A load planner's non-tensor entries (lr, betas, flags) through ``weights_only=True``:
+    DCP's default unpickles them with ``weights_only=False``, which runs what they name."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            data = torch.load(value, weights_only=True)
+        except Exception as err:  # noqa: BLE001 - a crafted entry: refused, never run
+            raise FasttrainError(f"resume: the checkpoint's entry {read_item.dest_index.fqn} "
+                                 f"is not plain data ({describe_error(err, 80)}): it will not "
+                                 "be loaded") from None
+        super().load_bytes(read_item, io.BytesIO(_saved(data)))
+
+
+def _saved(data) -> bytes:
+    """``data`` (built by the safe loader, so plain) serialized again for DCP's own load_bytes,
+    which unpickles it without restriction: what it reads now holds only what was allowed."""
+    buf = io.BytesIO()
+    torch.save(data, buf)
+    return buf.getvalue()
+
+
+class _SafePlanner(_PlainData, DefaultLoadPlanner):
+    pass
+
+
+class _SafeExportPlanner(_PlainData, _EmptyStateDictLoadPlanner):
+    pass
+
+
+def _dcp_load(target: dict, folder: Path, planner, whole: bool = False) -> None:
+    """``dcp.load`` that runs nothing from the folder; DCP's wrapped refusals come out as ours.
+    ``whole``: fill the empty ``target`` with everything, in this process (dcp_to_torch_save's
+    way: ``dcp.load`` would fill a copy of it)."""
+    _read_metadata(folder / DCP_META)  # every rank, before DCP reads anything
+    reader = _SafeReader(str(folder))
+    try:
+        if whole:
+            _load_state_dict(target, storage_reader=reader, planner=planner, no_dist=True)
+        else:
+            dcp.load(target, storage_reader=reader, planner=planner)
+    except CheckpointException as err:
+        for exc, _ in err.failures.values():
+            if isinstance(exc, FasttrainError):
+                raise exc from None
+        first = next(iter(err.failures.values()))[0]
+        raise RuntimeError(describe_error(first, 200)) from None
 
 
 def load(state: TrainState, folder: str | Path) -> int:
@@ -101,35 +218,33 @@ def load(state: TrainState, folder: str | Path) -> int:
                                  f"{key}={now[key]!r}")
     target = _state(state)
     try:
-        dcp.load(target, checkpoint_id=str(folder))
+        _dcp_load(target, folder, _SafePlanner())
     except (RuntimeError, KeyError, ValueError) as err:  # a checkpoint of another model
         raise FasttrainError(f"resume: {folder} does not fit this model "
                              f"({describe_error(err, 120)}): resume it with the workload, size "
                              "and options that saved it") from None
-    # loading a param group replaces its implementation flags with the saved run's: keep this
-    # run's (fused, foreach, capturable), or a resume under another optimizer_impl runs slower
-    flags = [{k: g[k] for k in ("fused", "foreach", "capturable") if k in g}
-             for g in state.optimizer.param_groups]
+    # loading a param group replaces its implementation flags and learning rate with the saved
+    # run's: keep this run's flags (fused, foreach, capturable; or a resume under another
+    # optimizer_impl runs slower) and lr (this run's schedule sets it, below)
+    kept_keys = ("fused", "foreach", "capturable", "lr", "initial_lr")
+    kept = [{k: g[k] for k in kept_keys if k in g} for g in state.optimizer.param_groups]
     set_state_dict(state.model, state.optimizer, model_state_dict=target["model"],
                    optim_state_dict=target["optim"])
-    for group, kept in zip(state.optimizer.param_groups, flags):
-        group.update(kept)
+    for group, mine in zip(state.optimizer.param_groups, kept):
+        group.update(mine)
     if state.ema is not None:
         for i, t in enumerate(state.ema.shadow):
             t.copy_(target["ema"][f"{i}"])
     step = int(meta["step"])
-    if state.scheduler is not None and meta.get("scheduler"):
-        state.scheduler.load_state_dict(meta["scheduler"])
-        if hasattr(state.scheduler, "T_max"):  # the cosine horizon extends to this run's end
-            state.scheduler.T_max = step + state.total_steps
+    continue_schedule(state, meta.get("schedule") or meta.get("scheduler"), step)
     return step
 
 
 def export(folder: str | Path, file: str | Path) -> Path:
     """One consolidated ``torch.save`` file from a DCP folder (run in one process)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     if not (Path(folder) / META).is_file():
         raise FasttrainError(f"no fasttrain checkpoint in {folder}")
-    dcp_to_torch_save(str(folder), str(file))
+    full: dict = {}  # what dcp_to_torch_save does, through the safe reader and planner
+    _dcp_load(full, Path(folder), _SafeExportPlanner(), whole=True)
+    torch.save(full, file)
     return Path(file)

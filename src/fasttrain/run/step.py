@@ -214,7 +214,6 @@ class Step:
                                  "pass total_steps=N (or schedule your own optimizer)")
         flat, structure, constants = _flatten(example_batch, self.device)
         self.workload = _LoopWorkload(loss_fn, structure, constants)
-        self.workload.conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
         self.state = TrainState(recipe=self.recipe, workload=self.workload, device=self.device,
                                 model=model, trainable=model, micro_batch=_rows(flat),
                                 total_steps=total_steps)

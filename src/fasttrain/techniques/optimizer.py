@@ -18,6 +18,7 @@ the training (they are recipe choices, not speed-ups).
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -184,11 +185,55 @@ def _zero1(params, recipe, lr: float):
                                    weight_decay=recipe.weight_decay, **kw)
 
 
+class Cosine:
+    """The learning rate's factor at optimizer step ``step`` of a run of ``total`` steps:
+    1 → 0 along half a cosine, 0 past the end. Closed form (not CosineAnnealingLR's recursive
+    update, which stays at 0 once it gets there), so a resumed run can continue the curve, or
+    stretch it, from any position."""
+
+    def __init__(self, total: int):
+        self.total = max(int(total), 1)
+
+    def __call__(self, step: int) -> float:
+        return 0.5 * (1.0 + math.cos(math.pi * min(step, self.total) / self.total))
+
+
 def _schedule(state: TrainState) -> None:
     if state.recipe.schedule == "cosine":
         inner = getattr(state.optimizer, "inner", state.optimizer)
-        state.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
-            inner, T_max=max(state.total_steps, 1))
+        state.scheduler = torch.optim.lr_scheduler.LambdaLR(inner, Cosine(state.total_steps))
+
+
+def schedule_record(scheduler) -> dict | None:
+    """What a checkpoint keeps of the schedule: its length and the next step's position."""
+    if scheduler is None:
+        return None
+    return {"total": scheduler.lr_lambdas[0].total, "position": scheduler.last_epoch}
+
+
+def continue_schedule(state: TrainState, saved: dict | None, start: int) -> None:
+    """A resumed run continues the checkpoint's schedule at ``start``: the saved run's length,
+    stretched to ``start`` + this run's steps when this run goes past its end (warned). The
+    optimizer's learning rates are set from the schedule, not taken from the checkpoint."""
+    sched = state.scheduler
+    if sched is None:
+        return
+    if saved and "T_max" in saved:  # an older checkpoint: CosineAnnealingLR's state dict
+        saved = {"total": saved["T_max"], "position": saved["last_epoch"]}
+    total = int(saved["total"]) if saved else start + state.total_steps
+    position = int(saved["position"]) if saved else start
+    cosine, end = sched.lr_lambdas[0], position + state.total_steps
+    cosine.total = total
+    if end > total:
+        state.warn("optimizer", f"resume: the checkpoint's cosine schedule spans {total} steps "
+                   f"and is at step {position}; this run's {state.total_steps} steps go past "
+                   f"its end, so it is stretched to {end} steps from here on")
+        cosine.total = end
+    state.note("optimizer", f"resume: cosine schedule at step {position} of {cosine.total}")
+    sched.last_epoch = position
+    sched._last_lr = [base * cosine(position) for base in sched.base_lrs]
+    for group, lr in zip(sched.optimizer.param_groups, sched._last_lr):
+        group["lr"] = lr
 
 
 def apply(state: TrainState) -> str:
