@@ -38,8 +38,8 @@ def default_rungs(workload: Workload) -> list[Rung]:
         Rung("ema-stream", {"ema": "side-stream"}, "foreach EMA on a side CUDA stream",
              when="ema"),
         Rung("channels-last", {"channels_last": True}, "NHWC convolutions", when="channels_last"),
-        Rung("convert", {"convert": True}, "public model classes swapped for fasttrain layers "
-             "(same function; the fused paths become available)", when="convert"),
+        Rung("convert", {"convert": True}, "the model's classes fasttrain converts swapped for "
+             "its layers (same function; the fused paths become available)", when="convert"),
         Rung("compile", {"compile": scope}, f"torch.compile ({scope})"),
         Rung("cuda-graphs", {"cuda_graphs": True}, "whole-step CUDA graph"),
     ]
