@@ -27,6 +27,8 @@ from triton.testing import do_bench
 from fasttrain.kernels.seq_attention import seq_attention_of_views
 from fasttrain.layers import sdpa_route
 from fasttrain.layers.sdpa_route import SdpaRoute
+from fasttrain.measure.env import environment
+from fasttrain.measure.rows import append_row
 from kernels_micro import time_or_error  # benchmarks/kernels/, the script's own folder
 
 WIDTH, HEADS = 768, 12
@@ -52,7 +54,7 @@ def views(q, k, v):
 
 def main() -> None:
     sdpa_route.SEQ_ATTENTION_MAX_TOKENS = 1 << 30
-    rows = []
+    rows, env = [], environment("cuda")
     bf = dict(device="cuda", dtype=torch.bfloat16)
     for T in LENGTHS:
         B = max(1, round(TOKENS_A_BATCH / T))
@@ -80,16 +82,17 @@ def main() -> None:
                 ms = do_bench(step, warmup=50, rep=300, return_mode="median")
                 graph, error = (time_or_error(step) if os.environ.get("GRAPHS") == "1"
                                 else (None, None))
-                row = {"kind": "sdpa-route-micro", "tokens": T, "batch": B, "mode": mode,
-                       "variant": variant, "ms": ms, "graph_ms": graph, "graph_error": error,
-                       "max_abs_vs_sdpa_eager": err,
-                       "routed": route.summary(), "device": torch.cuda.get_device_name()}
+                row = {"kind": "kernel", "kernel": "sdpa-route-micro", "tokens": T, "batch": B,
+                       "mode": mode, "variant": variant, "ms": ms, "graph_ms": graph,
+                       "graph_error": error, "max_abs_vs_sdpa_eager": err,
+                       "routed": route.summary(), "device": torch.cuda.get_device_name(),
+                       "env": env}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, "sdpa_route_micro.jsonl"), "a") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        for r in rows:
+            append_row(os.path.join(out, "sdpa_route_micro.jsonl"), r)
     print(f"{'T':>5} {'B':>4} " + " ".join(f"{m[:4]}-{v:<6}" for m in ("eager", "compiled")
                                           for v in ("sdpa", "route", "views")
                                           if not (m == "eager" and v == "views")))
