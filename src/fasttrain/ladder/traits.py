@@ -5,13 +5,8 @@ once on the meta device (no memory, no weights) and its modules counted."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ..workloads.base import SimpleWorkload, Workload
-
-CONV_HEAVY = 2
-"""Convolutions from which a model counts as a convolution network (a ViT's one patch
-convolution does not)."""
 
 
 def _traits(workload: SimpleWorkload) -> tuple[bool, bool]:
@@ -23,14 +18,14 @@ def _traits(workload: SimpleWorkload) -> tuple[bool, bool]:
 
 def _look(workload: SimpleWorkload) -> tuple[bool, bool]:
     from ..converters import convertible
+    from ..layers.conv import conv_network
 
     try:
         with torch.device("meta"):
             model = workload.build_model()
     except Exception:  # noqa: BLE001 — a model that cannot be built on meta gets the plain rungs
         return False, False
-    convs = sum(isinstance(m, nn.Conv2d) and m.kernel_size != m.stride for m in model.modules())
-    return convs >= CONV_HEAVY, convertible(model)
+    return conv_network(model), convertible(model)
 
 
 def prefers_channels_last(workload: Workload) -> bool:

@@ -106,3 +106,15 @@ def as_gemm(conv: nn.Conv2d) -> str:
     shape ("3 → 128 channels, 3 × 3")."""
     conv.__class__ = GemmConv2d
     return describe(conv)
+
+
+CONV_NETWORK = 2
+"""Convolutions (other than a patch embedding, kernel = stride) from which a model counts as a
+convolution network: channels-last is offered to it (the ladder's rung, ``fasttrain.Step``'s
+default). A ViT's one patch convolution does not count."""
+
+
+def conv_network(model: nn.Module) -> bool:
+    """Whether ``model`` is a convolution network (``CONV_NETWORK``)."""
+    return sum(isinstance(m, nn.Conv2d) and m.kernel_size != m.stride
+               for m in model.modules()) >= CONV_NETWORK

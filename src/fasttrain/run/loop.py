@@ -133,7 +133,8 @@ class ItemCounter:
 
     def __call__(self, micro: list[Batch]) -> torch.Tensor:
         parts = [self.wl.count(mb) for mb in micro]
-        if all(not isinstance(c, torch.Tensor) for c in parts):
+        rows = all(not isinstance(c, torch.Tensor) for c in parts)  # counted on the host
+        if rows:
             n = int(sum(parts))
             total = self._ints.get(n)
             if total is None:
@@ -142,7 +143,7 @@ class ItemCounter:
             total = sum(torch.as_tensor(c, device=self.dev).float() for c in parts)
         if dist_env.current().world > 1:
             total = dist_env.sum_tensor(total.clone())
-        elif all(not isinstance(c, torch.Tensor) for c in parts):
+        elif rows:
             return total  # a batch's rows, cached: never 0
         # a step whose labels are all ignored has nothing to average: its summed loss (0) is
         # divided by 1, not by 0

@@ -38,6 +38,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import FasttrainError
+from ..layers.conv import conv_network
 from ..recipe import Recipe, load_toml
 from ..techniques import probe_contexts, registry, unmet_requirements
 from ..techniques.base import TrainState
@@ -53,10 +54,6 @@ odd GEMM widths padded, the converters with their bias + GELU kernel, fasttrain'
 kernel for the SDPA calls it wins on, torch.compile, the whole step as one CUDA graph), plus
 channels-last for a convolution network. A recipe you pass as a dict is applied over this one;
 where fasttrain cannot build the optimizer (yours is kept) the AdamW switches do not apply."""
-
-CONV_NETWORK = 2
-"""Convolutions (other than a patch embedding, kernel = stride) from which a model counts as a
-convolution network, which gets channels-last by default."""
 
 _SKIPPED = ("init", "dataloader", "padding", "accumulation")
 """Techniques a Step does not run: the model is yours (built), and so are the loader and the
@@ -106,11 +103,6 @@ def _flatten(batch: Any, device: torch.device) -> tuple[Batch, pytree.TreeSpec, 
     return flat, structure, constants
 
 
-def _conv_network(model: nn.Module) -> bool:
-    return sum(isinstance(m, nn.Conv2d) and m.kernel_size != m.stride
-               for m in model.modules()) >= CONV_NETWORK
-
-
 def _recipe(choice: Any, device: torch.device, model: nn.Module,
             own_optimizer: bool) -> tuple[Recipe, list[str]]:
     """The recipe a Step runs, with the switches this device or optimizer cannot run turned off
@@ -130,7 +122,7 @@ def _recipe(choice: Any, device: torch.device, model: nn.Module,
             raise FasttrainError("Step: accumulation is your loop's (call the step per "
                                  "optimizer step); set accumulation=1")
         switches = dict(choice or {})
-        if "channels_last" not in switches and _conv_network(model):
+        if "channels_last" not in switches and conv_network(model):
             switches["channels_last"] = True
         recipe = DEFAULT.replace(**switches)
     else:
