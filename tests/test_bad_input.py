@@ -190,3 +190,356 @@ def test_first_non_finite_step_in_the_python_api():
     res = train(nan_loss(), Recipe(), steps=2, warmup=1, device="cpu")
     assert res.first_nonfinite() == 1
     assert train(_workload(), Recipe(), steps=1, warmup=0, device="cpu").first_nonfinite() is None
+
+
+# --- every subcommand and option; refused before anything runs unless said otherwise ---
+
+def not_a_workload(size="tiny", seed=0, data=None):
+    return 42
+
+
+def crashing_loss(size="tiny", seed=0, data=None):
+    def boom(model, batch):
+        raise RuntimeError("my loss broke")
+
+    return _workload(boom)
+
+
+@pytest.fixture
+def bad(files):
+    """Files that are wrong in every way a user's file can be."""
+    (files / "syntax.toml").write_text("precision = [\n")
+    (files / "unknown.toml").write_text("warp_drive = true\n")
+    (files / "type.toml").write_text("precision = 3\n")
+    (files / "lr.toml").write_text("lr = 1.0\n")
+    (files / "empty.jsonl").write_text("\n")
+    (files / "text.jsonl").write_text("rows, not JSON\n")
+    (files / "list.jsonl").write_text("[1, 2]\n")
+    (files / "ckpt-bad").mkdir()
+    (files / "ckpt-bad" / "fasttrain.json").write_text("{ damaged")
+    return files
+
+
+# 10: command lines argparse refuses: one line naming the command, not the usage block
+@pytest.mark.parametrize("argv,needle", [
+    ([], "the following arguments are required: command"),
+    (["nosuchcmd"], "invalid choice: 'nosuchcmd'"),
+    (["train", "vit", "--batch", "abc"], "train: argument --batch: invalid int value: 'abc'"),
+    (["train", "vit", "--batch", "1.5"], "argument --batch: invalid int value: '1.5'"),
+    (["train", "vit", "--steps", "x"], "argument --steps: invalid int value"),
+    (["ladder", "vit", "--warmup", "2.5"], "ladder: argument --warmup: invalid int value"),
+    (["ladder", "vit", "--rung-timeout", "soon"], "argument --rung-timeout: invalid float"),
+    (["fit", "vit", "--objective", "speed"], "fit: argument --objective: invalid choice"),
+    (["profile", "vit", "--active", "x"], "profile: argument --active: invalid int value"),
+    (["scaling", "vit", "--per-gpu-batch", "x"], "scaling: argument --per-gpu-batch"),
+    (["train", "vit", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["report"], "report: the following arguments are required: rows"),
+    (["workloads", "extra"], "unrecognized arguments: extra"),
+    (["presets", "extra"], "unrecognized arguments: extra"),
+])
+def test_command_lines_argparse_refuses(capsys, argv, needle):
+    _one_line(capsys, argv, 2, needle)
+
+
+# 11: an unknown workload, in every subcommand that takes one
+@pytest.mark.parametrize("command", ["ladder", "train", "profile", "fit", "scaling"])
+def test_unknown_workload_in_every_subcommand(capsys, tmp_path, command):
+    argv = [command, "nosuch", "--size", "tiny", "--device", "cpu"]
+    if command != "train":
+        argv += ["--out", str(tmp_path / "o")]
+    if command == "fit":
+        argv += ["--memory-budget", "1"]
+    _one_line(capsys, argv, 2, "unknown workload 'nosuch'")
+
+
+# 12: --set, --opt and recipe files
+@pytest.mark.parametrize("extra,needle", [
+    (["--set", "warp_drive=1"], "recipe: unknown switch 'warp_drive'"),
+    (["--set", "precision=fp7"], "precision='fp7' is not one of"),
+    (["--set", "lr=fast"], "recipe: lr expects float, got 'fast'"),
+    (["--set", "batch=two"], "recipe: batch expects int, got 'two'"),
+    (["--set", "cuda_graphs=maybe"], "cuda_graphs expects bool"),
+    (["--set", "precision"], "--set expects key=value"),
+    (["--set", "batch=3", "--set", "accumulation=2"], "not divisible by accumulation=2"),
+    (["--set", "cuda_graphs=true"], "cuda_graphs needs CUDA"),
+    (["--opt", "depth=3"], "workload 'vit' has no option 'depth'"),
+    (["--opt", "depth"], "--opt expects key=value"),
+    (["--recipe", "missing.toml"], "does not exist"),
+    (["--recipe", "syntax.toml"], "syntax.toml: "),
+    (["--recipe", "unknown.toml"], "unknown switch 'warp_drive'"),
+    (["--recipe", "type.toml"], "precision expects str, got 3"),
+    (["--recipe", "empty"], "does not exist"),
+    (["--preset", "nosuch"], "no preset 'nosuch'"),
+    (["--preset", "vit-base", "--recipe", "lr.toml"], "give --preset or --recipe, not both"),
+    (["--preset", "fast"], "not on a CPU"),
+])
+def test_bad_recipes_and_options(capsys, bad, extra, needle):
+    extra = [str(bad / x) if x.endswith((".toml", "empty")) else x for x in extra]
+    _one_line(capsys, ["train", "vit", *FAST, *extra], 2, needle)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--opt", "vocab=many"], "workload 'llama': invalid literal for int()"),
+    (["--opt", "vocab=-5"], "vocab must be at least 2"),
+])
+def test_bad_workload_option_values(capsys, extra, needle):
+    _one_line(capsys, ["train", "llama", *FAST, *extra], 2, needle)
+
+
+# 13: ladder options
+@pytest.mark.parametrize("extra,needle", [
+    (["--rungs", "warp"], "unknown rung 'warp'"),
+    (["--rungs", "fp32,,warp"], "unknown rung 'warp'"),
+    (["--rungs", "none"], "--rungs none runs only the peer: add --peer"),
+    (["--rungs", "fp32", "--from", "nope"], "--from 'nope' is not a rung"),
+    (["--rungs", "fp32", "--batch", "-3"], "--batch must be >= 1"),
+    (["--rungs", "fp32", "--warmup", "-1"], "--warmup >= 0"),
+    (["--rungs", "fp32", "--nnodes", "2"], "ladder runs on one node"),
+    (["--rungs", "fp32", "--set", "warp_drive=1"], "unknown switch 'warp_drive'"),
+    (["--rungs", "fp32", "--device", "cuda:x"], "unknown device 'cuda:x'"),
+])
+def test_bad_ladder_options(capsys, tmp_path, extra, needle):
+    _one_line(capsys, ["ladder", "vit", *FAST, "--out", str(tmp_path / "o"), *extra], 2, needle)
+
+
+# 14: --device
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is there")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cuda_on_a_machine_without_it(capsys, device):
+    _one_line(capsys, ["train", "vit", "--size", "tiny", "--steps", "1", "--device", device], 2,
+              "CUDA is not available")
+
+
+@pytest.mark.parametrize("device", ["", "gpu0", "cuda:x"])
+def test_nonsense_device(capsys, device):
+    _one_line(capsys, ["train", "vit", "--size", "tiny", "--device", device], 2,
+              "unknown device")
+
+
+# 15: --data of the other workloads
+@pytest.mark.parametrize("workload,data,needle", [
+    ("sd", "missing", "does not exist"),
+    ("sd", "a-file", "is a file"),
+    ("llama", "empty", "token file"),
+])
+def test_bad_data_of_other_workloads(capsys, files, workload, data, needle):
+    _one_line(capsys, ["train", workload, *FAST, "--data", str(files / data)], 2, needle)
+
+
+# 16: --resume, --save, --export
+@pytest.mark.parametrize("resume,needle", [
+    ("missing", "no fasttrain checkpoint in"),
+    ("empty", "no fasttrain checkpoint in"),
+    ("a-file", "no fasttrain checkpoint in"),
+    ("ckpt-bad", "fasttrain.json is damaged"),
+])
+def test_resume_from_what_is_not_a_checkpoint(capsys, bad, resume, needle):
+    _one_line(capsys, ["train", "vit", *FAST, "--resume", str(bad / resume)], 2, needle)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--export", "model.pt"], "--export consolidates the checkpoint of --save; give both"),
+    (["--save", "ckpt", "--export", "missing/model.pt"], "does not exist"),
+    (["--save", "ckpt", "--export", "empty"], "is a folder: give a file name"),
+])
+def test_bad_export(capsys, files, extra, needle):
+    extra = [x if x.startswith("--") else str(files / x) for x in extra]
+    _one_line(capsys, ["train", "vit", *FAST, *extra], 2, needle)
+    assert not (files / "ckpt").exists()  # refused before the run
+
+
+# 17: module:factory
+@pytest.mark.parametrize("spec,needle", [
+    ("nosuch_module_xyz:make", "cannot import 'nosuch_module_xyz'"),
+    ("tests.test_bad_input:nosuch", "has no callable 'nosuch'"),
+    ("tests.test_bad_input:not_a_workload", "factory returned int, not a Workload"),
+    ("tests.test_bad_input:", "give package.module:factory (both parts)"),
+    (":make", "give package.module:factory (both parts)"),
+])
+def test_bad_module_factory(capsys, spec, needle):
+    _one_line(capsys, ["train", spec, *FAST], 2, needle)
+
+
+# 18: report
+@pytest.mark.parametrize("name,needle", [
+    ("missing.jsonl", "no such rows file"),
+    ("empty.jsonl", "holds no rows"),
+    ("text.jsonl", "line 1: not JSON"),
+    ("list.jsonl", "line 1: not a row"),
+    ("empty", "is a folder"),
+])
+def test_bad_rows_files(capsys, bad, name, needle):
+    _one_line(capsys, ["report", str(bad / name)], 2, needle)
+    _one_line(capsys, ["report", "--markdown", str(bad / name)], 2, needle)
+
+
+# 19: --out of every command that writes rows
+@pytest.mark.parametrize("command", [["train"], ["ladder", "--rungs", "fp32"], ["profile"],
+                                     ["fit", "--memory-budget", "1"], ["scaling"]])
+@pytest.mark.parametrize("out,needle", [("a-file", "is a file, not a folder"),
+                                        ("a-file/sub", "cannot create the folder")])
+def test_out_that_cannot_be_a_folder(capsys, files, command, out, needle):
+    argv = [command[0], "vit", *command[1:], "--size", "tiny", "--steps", "2", "--warmup", "0",
+            "--device", "cpu", "--out", str(files / out)]
+    _one_line(capsys, argv, 2, needle)
+
+
+# 20: profile, fit and scaling values
+@pytest.mark.parametrize("extra,needle", [
+    (["profile", "--steps", "1"], "profile: --steps must be >= 2"),
+    (["profile", "--active", "0"], "--active >= 1"),
+    (["profile", "--suggest-recipe", "empty"], "--suggest-recipe"),
+    (["profile", "--suggest-recipe", "missing/r.toml"], "does not exist"),
+    (["fit"], "on CPU give --memory-budget"),
+    (["fit", "--memory-budget", "-1"], "--memory-budget must be > 0"),
+    (["fit", "--memory-budget", "1", "--headroom", "2"], "--headroom must be in [0, 0.9)"),
+    (["fit", "--memory-budget", "1", "--max-batch", "0"], "--max-batch and"),
+    (["fit", "--memory-budget", "1", "--multiple-of", "0"], "--multiple-of >= 1"),
+    (["scaling", "--worlds", "a,b"], "--worlds expects numbers"),
+    (["scaling", "--worlds", "2,4"], "include 1"),
+    (["scaling", "--worlds", "1,0"], "process counts >= 1"),
+    (["scaling", "--per-gpu-batch", "0"], "--per-gpu-batch must be >= 1"),
+    (["scaling", "--sharding", "bogus"], "sharding='bogus' is not one of"),
+])
+def test_bad_profile_fit_scaling_values(capsys, files, extra, needle):
+    extra = [str(files / x) if x in ("empty", "missing/r.toml") else x for x in extra]
+    argv = [extra[0], "vit", "--size", "tiny", "--steps", "2", "--warmup", "0", "--device",
+            "cpu", "--out", str(files / "o"), *extra[1:]]
+    _one_line(capsys, argv, 2, needle)
+
+
+# --- runs that fail: one line, exit status 1 ---
+
+def test_a_crash_in_the_run_is_one_line_and_exit_1(capsys, monkeypatch):
+    monkeypatch.delenv("FASTTRAIN_TRACEBACK", raising=False)
+    _one_line(capsys, ["train", "tests.test_bad_input:crashing_loss", *FAST], 1,
+              "the run failed: RuntimeError: my loss broke")
+
+
+def test_a_crash_shows_its_traceback_when_asked(capsys, monkeypatch):
+    monkeypatch.setenv("FASTTRAIN_TRACEBACK", "1")
+    assert main(["train", "tests.test_bad_input:crashing_loss", *FAST]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("fasttrain: error: ")
+
+
+def test_a_ladder_whose_rungs_all_crash_exits_1(capsys, tmp_path):
+    _one_line(capsys, ["ladder", "tests.helpers:broken_workload", *FAST, "--rungs", "fp32",
+                       "--out", str(tmp_path)], 1, "the ladder failed: fp32 (error)")
+
+
+def test_a_ladder_of_skipped_rungs_only_exits_1(capsys, tmp_path):
+    _one_line(capsys, ["ladder", "vit", *FAST, "--rungs", "cuda-graphs", "--out", str(tmp_path)],
+              1, "every rung was skipped (cuda_graphs needs CUDA)")
+
+
+def _fake_ladder(monkeypatch, rows, interrupt=False):
+    """run_ladder replaced by one that reports ``rows`` (and then is interrupted)."""
+    from fasttrain.ladder import runner
+    from fasttrain.measure.rows import append_row
+
+    def run(spec, on_row=None, on_start=None):
+        for i, row in enumerate(rows):
+            append_row(spec.out, row)
+            on_row(row, i, len(rows))
+        if interrupt:
+            raise KeyboardInterrupt
+        return rows
+
+    monkeypatch.setattr(runner, "run_ladder", run)
+
+
+_OK = {"kind": "ladder", "rung": "fp32", "workload": "vit", "size": "tiny", "batch": 8,
+       "step_time_s": 0.1, "throughput": 80.0, "throughput_unit": "img/s", "error": None,
+       "parity": None, "device": "cpu"}
+
+
+@pytest.mark.parametrize("rows,code,needle", [
+    ([_OK, {**_OK, "rung": "bf16", "parity": {"passed": False, "max_rel_dev": 0.5}}], 1,
+     "the ladder failed: bf16 (parity)"),
+    ([_OK, {**_OK, "kind": "peer", "rung": "peer", "error": "ImportError: no timm"}], 1,
+     "the ladder failed: peer (error)"),
+    ([_OK, {**_OK, "rung": "bf16", "error": "OOM"}], 1, "the ladder failed: bf16 (error)"),
+    ([{**_OK, "skipped": "needs CUDA"}, {**_OK, "rung": "bf16", "skipped": "needs CUDA"}], 1,
+     "every rung was skipped (needs CUDA)"),
+])
+def test_ladder_exit_status(capsys, monkeypatch, tmp_path, rows, code, needle):
+    _fake_ladder(monkeypatch, rows)
+    _one_line(capsys, ["ladder", "vit", *FAST, "--rungs", "fp32", "--out", str(tmp_path)],
+              code, needle)
+
+
+def test_a_passing_ladder_exits_0(capsys, monkeypatch, tmp_path):
+    _fake_ladder(monkeypatch, [_OK, {**_OK, "rung": "bf16", "parity": {"passed": True,
+                                                                       "max_rel_dev": 1e-3}}])
+    assert main(["ladder", "vit", *FAST, "--rungs", "fp32", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_ctrl_c_in_a_ladder_says_where_the_rows_are(capsys, monkeypatch, tmp_path):
+    _fake_ladder(monkeypatch, [_OK], interrupt=True)
+    assert main(["ladder", "vit", *FAST, "--rungs", "fp32", "--out", str(tmp_path)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    (rows,) = tmp_path.glob("ladder-*.jsonl")
+    assert len(err) == 1 and "interrupted" in err[0] and str(rows) in err[0]
+
+
+# --- fasttrain infer: refused before any rung's process starts ---
+
+INFER = ["infer", "vit", "--device", "cpu", "--images", "8", "--iters", "1", "--warmup", "0",
+         "--batch", "4", "--rungs", "eager-fp16", "--no-peer"]
+INFER_PATHS = {"missing", "empty", "ckpt-bad", "missing/model.pt2", "folder.pt2"}  # in bad/
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--batch", "0"], "--batch must be a positive number, not 0"),
+    (["--images", "0"], "--images must be a positive number, not 0"),
+    (["--iters", "0"], "--iters must be a positive number, not 0"),
+    (["--warmup", "-1"], "--warmup must be 0 or more, not -1"),
+    (["--rungs", "nonsense"], "unknown inference rung 'nonsense'"),
+    (["--rungs", "sdpa,,warp"], "unknown inference rung 'warp'"),
+    (["--rungs", ","], "--rungs names no rung"),
+    (["--rung-timeout", "0"], "--rung-timeout must be > 0"),
+    (["--export", "model.pt"], "an AOTInductor package is a .pt2 file"),
+    (["--export", "missing/model.pt2"], "no folder"),
+    (["--export", "folder.pt2"], "is a folder: give a file name"),
+    (["--checkpoint", "missing"], "no such folder"),
+    (["--checkpoint", "empty"], "no fasttrain checkpoint in"),
+    (["--checkpoint", "ckpt-bad"], "fasttrain.json is damaged"),
+    (["--data", "missing"], "does not exist"),
+    (["--data", "empty"], "no images in"),
+    (["--opt", "depth=3"], "workload 'vit' has no option 'depth'"),
+    (["--size", "huge"], "unknown size 'huge'"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+])
+def test_bad_infer_options(capsys, bad, extra, needle):
+    (bad / "folder.pt2").mkdir()
+    extra = [str(bad / x) if x in INFER_PATHS else x for x in extra]
+    _one_line(capsys, [*INFER, "--out", str(bad / "o"), *extra], 2, needle)
+    assert not list(bad.glob("o/*.jsonl"))  # no rung ran
+
+
+@pytest.mark.parametrize("workload,needle", [
+    ("llama", "serves image classifiers; llama counts toks"),
+    ("nosuch", "unknown workload 'nosuch'"),
+])
+def test_infer_of_what_is_not_an_image_classifier(capsys, tmp_path, workload, needle):
+    argv = [*INFER, "--out", str(tmp_path / "o")]
+    argv[1] = workload
+    _one_line(capsys, argv, 2, needle)
+
+
+def test_infer_a_checkpoint_of_another_workload(capsys, tmp_path):
+    assert main(["train", "vit", *FAST, "--save", str(tmp_path / "ckpt")]) == 0
+    capsys.readouterr()
+    argv = [*INFER, "--out", str(tmp_path / "o"), "--checkpoint", str(tmp_path / "ckpt")]
+    argv[1] = "swin"
+    _one_line(capsys, argv, 2, "holds a vit tiny checkpoint, this run is swin tiny")
+    argv[1:2] = ["vit", "--size", "base"]
+    _one_line(capsys, argv, 2, "holds a vit tiny checkpoint, this run is vit base")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is there")
+def test_infer_on_cuda_on_a_machine_without_it(capsys, tmp_path):
+    _one_line(capsys, [*INFER, "--out", str(tmp_path / "o"), "--device", "cuda"], 2,
+              "CUDA is not available")

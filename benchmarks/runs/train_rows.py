@@ -9,11 +9,15 @@ def main(folder: str) -> int:
     out = Path(folder)
     for f in sorted(out.glob("run-*.out"), key=lambda p: int(p.name.split("-")[1])):
         text = f.read_text()
-        at = text.rfind('{\n "kind": "train"')
-        if at < 0:
+        at = text.rfind('{\n "kind": "train"')  # --json, or a source before the summary
+        written = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("row: ")]
+        if at >= 0:
+            row = json.loads(text[at:])
+        elif written and Path(written[-1]).is_file():  # the summary names its row file
+            row = json.loads(Path(written[-1]).read_text().splitlines()[-1])
+        else:
             print(f.name, "no row:", text[-300:])
             continue
-        row = json.loads(text[at:])
         with open(out / f"train-{row['workload']}.jsonl", "a") as fh:
             fh.write(json.dumps(row) + "\n")
         r = row["recipe"]

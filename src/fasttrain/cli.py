@@ -1,5 +1,6 @@
 """Command line: parse, call the library, render. User mistakes are one line, exit status 2;
-a run that fails (a ladder rung's error or parity, a train run's non-finite loss) exits 1."""
+a run that fails (a ladder rung's error or parity, a failed peer, a ladder whose every rung was
+skipped, a train run's non-finite loss, a crash) is one line too and exits 1; Ctrl-C, 130."""
 from __future__ import annotations
 
 import argparse
@@ -30,6 +31,19 @@ def _options(items: list[str] | None) -> dict:
     return out
 
 
+class _Usage(Exception):
+    """A command line argparse cannot parse: main prints it on one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a parse error is one line naming the command and where its help is, not
+    the usage block (``--help`` still prints it)."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("fasttrain").strip()  # "train", or "" at the top
+        raise _Usage(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", nargs="?", default="vit",
                    help="vit | swin | sd | llama | package.module:factory (default vit)")
@@ -53,7 +67,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fasttrain", description=__doc__)
+    parser = _Parser(prog="fasttrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     lad = sub.add_parser("ladder", help="measure cumulative speed-up rungs, each with parity")
     _common(lad)
@@ -71,10 +85,26 @@ def build_parser() -> argparse.ArgumentParser:
     lad.add_argument("--no-confirm", dest="confirm", action="store_false",
                      help="with --peer: measure each side once, without the confirming repeats")
     lad.add_argument("--rung-timeout", type=float, default=None, help="seconds per rung")
-    tr = sub.add_parser("train", help="one measured run of a recipe; prints its row")
+    lad.add_argument("--tensorboard", default=None, metavar="DIR",
+                     help="also write each rung's per-step loss, lr, step time and throughput "
+                          "as a TensorBoard run under DIR")
+    tr = sub.add_parser("train", help="one measured run of a recipe; prints a summary, writes "
+                        "its row")
     _common(tr)
-    tr.add_argument("--save", default=None, metavar="DIR", help="write a DCP checkpoint after")
-    tr.add_argument("--resume", default=None, metavar="DIR", help="continue a DCP checkpoint")
+    tr.add_argument("--out", default="out", help="folder for the JSONL row (default out/)")
+    tr.add_argument("--tensorboard", default=None, metavar="DIR",
+                    help="also write the per-step loss, lr, step time and throughput as a "
+                         "TensorBoard run under DIR")
+    tr.add_argument("--json", action="store_true",
+                    help="print the row as JSON on stdout instead of the summary (for scripts)")
+    tr.add_argument("--save", default=None, metavar="DIR",
+                    help="write a DCP checkpoint after, as a new step folder DIR/step-NNNNNN")
+    tr.add_argument("--save-every", type=int, default=0, metavar="N",
+                    help="with --save: also save every N steps (SIGINT/SIGTERM save and stop)")
+    tr.add_argument("--keep", type=int, default=2, metavar="K",
+                    help="with --save: keep the newest K step folders (default 2)")
+    tr.add_argument("--resume", default=None, metavar="DIR",
+                    help="continue a DCP checkpoint (a --save DIR: its newest complete save)")
     tr.add_argument("--export", default=None, metavar="FILE",
                     help="consolidate the saved checkpoint into one torch.save file")
     pro = sub.add_parser("profile", help="where a step's time and memory go; what to switch on")
@@ -105,11 +135,44 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--per-gpu-batch", type=int, default=None)
     sc.add_argument("--out", default="out")
     sc.add_argument("--rung-timeout", type=float, default=None)
-    rep = sub.add_parser("report", help="render result rows (JSONL) as a table")
+    inf = sub.add_parser("infer", help="the inference ladder: latency, throughput and "
+                         "accuracy against fp32, rung by rung, beside PyTorch's best")
+    inf.add_argument("workload", nargs="?", default="vit",
+                     help="an image classifier: timm:NAME, vit or swin (default vit)")
+    inf.add_argument("--size", default=None, help="tiny | base (default: base on CUDA, tiny "
+                     "on CPU)")
+    inf.add_argument("--rungs", default="default",
+                     help="comma-separated rungs (eager-fp32, eager-fp16, sdpa, compile, graphs, "
+                          "kernels, fp8, int8) or default (all); eager-fp32 always runs first")
+    inf.add_argument("--batch", type=int, default=64, help="the throughput batch (default 64)")
+    inf.add_argument("--images", type=int, default=1024,
+                     help="held-out images the accuracy is measured on (default 1024)")
+    inf.add_argument("--iters", type=int, default=50, help="timed calls (default 50)")
+    inf.add_argument("--warmup", type=int, default=10, help="untimed calls (default 10)")
+    inf.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    inf.add_argument("--data", default=None,
+                     help="a labelled image folder (one subfolder per class) to evaluate on")
+    inf.add_argument("--opt", action="append", metavar="KEY=VALUE", help="workload option")
+    inf.add_argument("--checkpoint", default=None, metavar="DIR",
+                     help="a fasttrain train --save folder: serve its weights")
+    inf.add_argument("--no-peer", dest="peer", action="store_false",
+                     help="leave out the PyTorch peers (eager fp16, compile reduce-overhead)")
+    inf.add_argument("--export", default=None, metavar="FILE.pt2",
+                     help="export the fastest rung that passes as an AOTInductor package")
+    inf.add_argument("--out", default="out", help="folder for the JSONL rows (default out/)")
+    inf.add_argument("--rung-timeout", type=float, default=900.0, help="seconds per rung")
+    rep = sub.add_parser("report", help="render result rows (JSONL) as a table or an HTML page")
     rep.add_argument("rows", nargs="+")
-    rep.add_argument("--markdown", action="store_true")
+    how = rep.add_mutually_exclusive_group()
+    how.add_argument("--markdown", action="store_true")
+    how.add_argument("--html", metavar="FILE", default=None,
+                     help="write one self-contained HTML page (charts and tables) of all the rows")
     sub.add_parser("workloads", help="list the registered workloads")
     sub.add_parser("presets", help="list the shipped presets and their measured speed-ups")
+    docs = sub.add_parser("docs", help="write the generated pages docs/recipe.md and "
+                          "docs/results.md (run from the repository root)")
+    docs.add_argument("--check", action="store_true",
+                      help="write nothing; exit 1 naming the pages that are not current")
     return parser
 
 
@@ -184,6 +247,19 @@ def _out_folder(folder: str) -> None:
         raise FasttrainError(f"--out {folder} is not writable: give a folder you can write")
 
 
+def _file_target(path: str, flag: str) -> None:
+    """A file a command writes after its run (``--export``, ``--suggest-recipe``) is checked
+    before it: not a folder, in a folder that exists and this user can write."""
+    p = Path(path)
+    if p.is_dir():
+        raise FasttrainError(f"{flag} {path} is a folder: give a file name")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise FasttrainError(f"{flag} {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise FasttrainError(f"{flag} {path}: the folder {parent} is not writable")
+
+
 def _base_recipe(args):
     from .recipe import Recipe, load_toml, parse_sets
 
@@ -195,7 +271,7 @@ def _base_recipe(args):
 
 
 def cmd_ladder(args) -> int:
-    from .ladder.runner import LadderSpec, run_ladder
+    from .ladder.runner import LadderSpec, failures, run_ladder
     from .report.live import show_progress
     from .report.table import ratio_warning
 
@@ -220,18 +296,30 @@ def cmd_ladder(args) -> int:
                       options=_options(args.opt), out=out, peer=args.peer and args.nproc == 1,
                       rung_timeout=args.rung_timeout, extra_rungs=extra, nproc=args.nproc,
                       start_at=args.start_at, confirm=args.confirm)
-    rows = show_progress(lambda on_row, on_start: run_ladder(spec, on_row, on_start),
-                         f"fasttrain ladder · {spec.workload} {spec.size} · {spec.device}")
+    if rungs == ["none"] and not spec.peer and not extra:
+        raise FasttrainError("--rungs none runs only the peer: add --peer (one process), or "
+                             "name rungs")
+    try:
+        rows = show_progress(lambda on_row, on_start: run_ladder(spec, on_row, on_start),
+                             f"fasttrain ladder · {spec.workload} {spec.size} · {spec.device}")
+    except KeyboardInterrupt:  # the rows finished so far are already in the file
+        kept = f"the rows finished so far are in {out}" if out.exists() else "no row finished"
+        print(f"fasttrain: interrupted: {kept}", file=sys.stderr)
+        return 130
     if rungs == ["fast"]:
         from .ladder.search import write_fast_preset
 
         print(write_fast_preset(args.workload, size, rows, out))
     if ratio_warning(rows):
         print(f"warning: {ratio_warning(rows)}")
+    if args.tensorboard:
+        from .report.tensorboard import write_scalars
+
+        runs = write_scalars(rows, Path(args.tensorboard) / out.stem)
+        print(f"tensorboard: {len(runs)} runs in {Path(args.tensorboard) / out.stem}")
     print(f"rows: {out}")
-    bad = [r for r in rows if r.get("kind") == "ladder" and (
-        r.get("error") or (r.get("parity") or {}).get("passed") is False)]
-    return 1 if bad else 0
+    failed = failures(rows)
+    return _error(f"the ladder failed: {failed}", 1) if failed else 0
 
 
 def cmd_train(args) -> int:
@@ -243,12 +331,27 @@ def cmd_train(args) -> int:
     recipe = _base_recipe(args)
     if args.export and not args.save:
         raise FasttrainError("--export consolidates the checkpoint of --save; give both")
+    if args.save_every and not args.save:
+        raise FasttrainError("--save-every saves into the folder of --save; give both")
+    if args.save_every < 0 or args.keep < 1:
+        raise FasttrainError(f"--save-every must be 0 or more and --keep 1 or more, not "
+                             f"{args.save_every} and {args.keep}")
+    if args.export:
+        _file_target(args.export, "--export")
+    out = _out_path(args, "train", size)  # a wrong --out is refused before the run
     options = _options(args.opt)
     wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **options)
-    res = train(wl, recipe, steps=args.steps, warmup=args.warmup, device=device,
-                save_to=args.save, resume_from=args.resume)
     from .distributed.env import current
+    from .run.saving import Stopped
 
+    try:
+        res = train(wl, recipe, steps=args.steps, warmup=args.warmup, device=device,
+                    save_to=args.save, resume_from=args.resume, save_every=args.save_every,
+                    keep=args.keep)
+    except Stopped as stop:  # SIGINT/SIGTERM: saved after the step under way
+        if current().main:
+            print(stop, file=sys.stderr)
+        return stop.exit_code
     if not current().main:
         return 0
     if args.export:
@@ -256,18 +359,30 @@ def cmd_train(args) -> int:
 
         export(args.save, args.export)
     from .measure.env import environment
+    from .measure.rows import append_row, make_row
 
-    from .measure.rows import make_row
+    name = args.preset or (Path(args.recipe).stem if args.recipe else "default")
+    row = make_row("train", args.workload, size, None, options=options, device=device,
+                   recipe_name=name, recipe=recipe.to_dict(), **res.to_row(),
+                   env=environment(device))
+    append_row(out, row)
+    if args.tensorboard:
+        from .report.tensorboard import write_scalars
 
-    print(json.dumps(make_row("train", args.workload, size, None, options=options,
-                              recipe=recipe.to_dict(), **res.to_row(),
-                              env=environment(device)), indent=1))
+        write_scalars([{**row, "rung": out.stem}], args.tensorboard)
+    if args.json:
+        print(json.dumps(row, indent=1))
+    else:
+        from .recipe import Recipe
+        from .report.live import default_console
+        from .report.train import train_summary
+
+        default_console().print(train_summary(row, str(out), Recipe().to_dict()))
     bad = res.first_nonfinite()
-    if bad is not None:  # the row is printed above; the run itself failed
-        print(f"fasttrain: error: the loss became {res.losses[bad - 1]} at step {bad} of "
-              f"{len(res.losses)}: lower the learning rate or check the data and the loss",
-              file=sys.stderr)
-        return 1
+    if bad is not None:  # the row is written above; the run itself failed
+        return _error(f"the loss became {res.losses[bad - 1]} at step {bad} of "
+                      f"{len(res.losses)}: lower the learning rate or check the data and the "
+                      "loss", 1)
     return 0
 
 
@@ -284,6 +399,8 @@ def cmd_profile(args) -> int:
     size = args.size or ("base" if device.startswith("cuda") else "tiny")
     if args.steps < 2 or args.active < 1 or args.warmup < 0:
         raise FasttrainError("profile: --steps must be >= 2, --active >= 1, --warmup >= 0")
+    if args.suggest_recipe:
+        _file_target(args.suggest_recipe, "--suggest-recipe")
     recipe = _base_recipe(args)
     wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **_options(args.opt))
     folder = _out_path(args, "profile", size, suffix="")
@@ -371,7 +488,11 @@ def cmd_scaling(args) -> int:
     except ValueError:
         raise FasttrainError(f"--worlds expects numbers like 1,2,4,8, got {args.worlds!r}") from None
     if 1 not in worlds or min(worlds) < 1:
-        raise FasttrainError("--worlds must include 1 (the single-process reference)")
+        raise FasttrainError("--worlds must be process counts >= 1 and include 1 (the "
+                             "single-process reference)")
+    if args.per_gpu_batch is not None and args.per_gpu_batch < 1:
+        raise FasttrainError("--per-gpu-batch must be >= 1 (leave it out for the workload's "
+                             "default)")
     modes = [m.strip() for m in args.sharding.split(",") if m.strip()]
     recipe = _base_recipe(args)
     per_gpu = args.per_gpu_batch or load_workload(args.workload, size).default_batch
@@ -398,28 +519,140 @@ def cmd_scaling(args) -> int:
     return 0
 
 
+def cmd_infer(args) -> int:
+    import tempfile
+
+    from .inference.runner import InferLadder
+    from .report.live import default_console
+
+    device = _device(args.device)
+    size = args.size or ("base" if device.startswith("cuda") else "tiny")
+    if args.rung_timeout is not None and args.rung_timeout <= 0:
+        raise FasttrainError("--rung-timeout must be > 0 seconds")
+    if args.export and not args.export.endswith(".pt2"):
+        raise FasttrainError(f"--export {args.export}: an AOTInductor package is a .pt2 file")
+    if args.export and not Path(args.export).resolve().parent.is_dir():
+        raise FasttrainError(f"--export {args.export}: no folder {Path(args.export).parent}")
+    if args.export and Path(args.export).is_dir():
+        raise FasttrainError(f"--export {args.export} is a folder: give a file name")
+    rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
+    if not rungs:
+        raise FasttrainError("--rungs names no rung (give default for all)")
+    out = _out_path(args, "infer", size)
+    spec = InferLadder(workload=args.workload, size=size, rungs=rungs, device=device,
+        batch=args.batch, images=args.images, iters=args.iters, warmup=args.warmup,
+        data=args.data, options=_options(args.opt), checkpoint=args.checkpoint, peer=args.peer,
+        out=out, timeout=args.rung_timeout)
+    from .inference.runner import check
+
+    check(spec)  # a refusal before anything is printed or started
+    console = default_console()
+    console.print(f"fasttrain infer · {spec.workload} {size} · {device} · batch {spec.batch}, "
+                  f"{spec.images} held-out images")
+    work = tempfile.TemporaryDirectory(prefix="fasttrain-infer-")
+    try:
+        return _infer_in(spec, args, Path(work.name), console)
+    finally:
+        work.cleanup()
+
+
+def _infer_in(spec, args, workdir: Path, console) -> int:
+    """``cmd_infer`` with the run's folder (the shared held-out images and fp32 logits)."""
+    from .inference.runner import failed, run_infer
+    from .report.inference import inference_table, line, notes
+
+    device, size = spec.device, spec.size
+    rows = run_infer(spec, lambda row, i, n: print(f"[{i + 1}/{n}] {line(row)}", flush=True),
+                     workdir)
+    console.print(inference_table(rows, title=f"inference · {spec.workload} {size} · {device}",
+                                  width=console.width))
+    for text in notes(rows):
+        console.print(text)
+    if device == "cpu":
+        console.print("CPU timings check plumbing and accuracy; they are not speed-ups worth "
+                      "quoting.")
+    if args.export:
+        from .inference.export import export_best
+
+        row = export_best(spec, rows, Path(args.export), workdir)
+        console.print(line(row) if not row.get("error") else f"export: {row['error']}")
+        rows.append(row)
+    print(f"rows: {spec.out}")
+    return 1 if failed(rows) else 0
+
+
+def cmd_docs(args) -> int:
+    """Write the generated docs pages, or with --check say which are stale (exit 1)."""
+    from .report.docs import stale, write
+
+    if args.check:
+        old = stale()
+        if old:
+            return _error(f"docs: {', '.join(map(str, old))} not current: run `fasttrain docs` "
+                          "from the repository root", 1)
+        print("docs: current")
+        return 0
+    changed = write()
+    print(f"docs: wrote {', '.join(map(str, changed))}" if changed else "docs: current")
+    return 0
+
+
 def cmd_report(args) -> int:
     from rich.console import Console
 
-    from .measure.rows import load_rows
-    from .report.table import markdown_table, rich_table
+    from .measure.rows import read_rows
+    from .report.table import ladder_view, markdown_table
 
+    if args.html:
+        from .report.html import write_html
+
+        files = {path: read_rows(path) for path in args.rows}
+        print(f"report: {write_html(files, args.html)}")
+        return 0
     for path in args.rows:
-        if not Path(path).is_file():
-            raise FasttrainError(f"no such rows file: {path}")
-        rows = load_rows(path)
-        if args.markdown:
+        rows = read_rows(path)  # a missing, empty or non-JSON file: one line, exit 2
+        console = Console()
+        if rows and all(r.get("kind") == "inference" for r in rows) and not args.markdown:
+            from .report.inference import inference_table, notes
+
+            console.print(inference_table(rows, title=path, width=console.width))
+            for text in notes(rows):
+                console.print(text)
+        elif args.markdown:
             print(markdown_table(rows, link=path))
         else:
-            Console().print(rich_table(rows, title=path))
+            console.print(ladder_view(rows, title=path, width=console.width))
     return 0
+
+
+def _error(message: object, code: int) -> int:
+    """The one line of an error on stderr (a message's own line breaks folded); ``code``."""
+    text = " ".join(str(message).split("\n")).strip()
+    print(f"fasttrain: error: {text}", file=sys.stderr)
+    return code
+
+
+def _run_failed(err: Exception) -> int:
+    """A run that crashed (not a mistake in the command): one line, exit status 1; with
+    FASTTRAIN_TRACEBACK=1 the traceback first, for a bug report."""
+    from .errors import describe_error
+
+    if os.environ.get("FASTTRAIN_TRACEBACK") == "1":
+        import traceback
+
+        traceback.print_exception(err)
+        return _error(f"the run failed: {describe_error(err)}", 1)
+    return _error(f"the run failed: {describe_error(err)} (FASTTRAIN_TRACEBACK=1 shows where)", 1)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
     try:
-        if args.command not in ("report", "workloads", "presets"):
+        args = build_parser().parse_args(argv)
+    except _Usage as err:
+        return _error(err, 2)
+    try:
+        if args.command not in ("report", "workloads", "presets", "infer", "docs"):
             _check_common(args)
             _use_preset(args)
         if args.command in ("train", "profile") and (args.nproc > 1 or args.nnodes > 1):
@@ -430,22 +663,23 @@ def main(argv: list[str] | None = None) -> int:
                 return relaunch(argv, args.nproc, args.nnodes, args.rdzv_endpoint)
         if args.command == "presets":
             return cmd_presets(args)
+        if args.command == "docs":
+            return cmd_docs(args)
         if args.command == "workloads":
             from .workloads import REGISTRY
             for name, target in REGISTRY.items():
                 print(f"{name:8s} {target}")
             return 0
         return {"ladder": cmd_ladder, "train": cmd_train, "profile": cmd_profile,
-                "fit": cmd_fit, "scaling": cmd_scaling, "report": cmd_report}[args.command](args)
-    except ValueError as err:  # a workload's or technique's complaint about the input
-        print(f"fasttrain: error: {err}", file=sys.stderr)
-        return 2
-    except FasttrainError as err:
-        print(f"fasttrain: error: {err}", file=sys.stderr)
-        return 2
+                "fit": cmd_fit, "scaling": cmd_scaling, "report": cmd_report,
+                "infer": cmd_infer}[args.command](args)
+    except (ValueError, FasttrainError) as err:  # a complaint about the input
+        return _error(err, 2)
     except KeyboardInterrupt:
         print("fasttrain: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # noqa: BLE001 - the contract: a failed run is one line, exit 1
+        return _run_failed(err)
     finally:
         from .distributed.env import shutdown
 

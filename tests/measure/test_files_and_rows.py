@@ -80,3 +80,15 @@ def test_a_row_of_an_unknown_kind_is_refused(tmp_path):
     with pytest.raises(RowError, match="without a known kind"):
         append_row(tmp_path / "rows.jsonl", {"workload": "vit"})
     assert not os.path.exists(tmp_path / "rows.jsonl")
+
+
+def test_rows_are_strict_json_with_non_finite_numbers_as_null(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    row = make_row("train", "vit", "tiny", losses=[1.0, float("nan"), float("inf")],
+                   parity={"max_rel_dev": float("-inf"), "passed": False}, step_time_s=0.5)
+    append_row(path, row)
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    back = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in a row"))
+    assert back["losses"] == [1.0, None, None] and back["parity"]["max_rel_dev"] is None
+    assert back["step_time_s"] == 0.5 and row["losses"][1] != row["losses"][1]  # caller's row kept

@@ -253,8 +253,8 @@ def test_cli_has_the_switch():
 @pytest.mark.skipif(sys.platform != "linux", reason="subprocess rows")
 def test_train_rows_carry_their_spread(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fasttrain", "train", "vit", "--device", "cpu",
-                           "--steps", "4", "--warmup", "1"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300,
+                           "--steps", "4", "--warmup", "1", "--json", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
     assert proc.returncode == 0, proc.stderr[-2000:]
     start = proc.stdout.index("{")

@@ -37,11 +37,12 @@ class _LRs(Observer):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """A real 2-step vit tiny checkpoint (cosine schedule), written once for this module."""
+    """A real 2-step vit tiny checkpoint (cosine schedule), written once for this module: its
+    step folder, one save's files."""
     folder = tmp_path_factory.mktemp("ckpt") / "c"
     train(load_workload("vit", "tiny"), Recipe(schedule="cosine"), steps=2, warmup=0,
           device="cpu", save_to=str(folder))
-    return folder
+    return folder / "step-000002"
 
 
 def _copy(saved, tmp_path):

@@ -19,7 +19,8 @@ def _env():
 
 
 def _train(*args, nproc=1, timeout=300):
-    cmd = [sys.executable, "-m", "fasttrain", "train", "--device", "cpu", "--warmup", "0", *args]
+    cmd = [sys.executable, "-m", "fasttrain", "train", "--device", "cpu", "--warmup", "0",
+           "--json", *args]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT,
@@ -76,8 +77,13 @@ def test_checkpoint_round_trip_across_world_sizes_and_export(tmp_path, single):
     straight = _losses(_train("llama", "--steps", "6", "--set", "batch=8"))
     ckpt, out = tmp_path / "ckpt", tmp_path / "model.pt"
     first = _losses(_train("llama", "--steps", "3", "--set", "batch=8", "--set",
-                           "sharding=zero3", "--save", str(ckpt), nproc=2))
-    assert (ckpt / "fasttrain.json").exists()
+                           "sharding=zero3", "--save", str(ckpt), "--save-every", "2", nproc=2))
+    assert sorted(p.name for p in ckpt.iterdir()) == ["fasttrain.json", "step-000002",
+                                                     "step-000003"]
+    middle = _losses(_train("llama", "--steps", "4", "--set", "batch=8", "--resume",
+                            str(ckpt / "step-000002")))  # the periodic save, 2 ranks' shards
+    torch.testing.assert_close(torch.tensor(middle), torch.tensor(straight[2:]), rtol=1e-5,
+                               atol=0)
     second = _losses(_train("llama", "--steps", "3", "--set", "batch=8", "--resume", str(ckpt),
                             "--save", str(tmp_path / "ckpt2"), "--export", str(out)))
     torch.testing.assert_close(torch.tensor(first + second), torch.tensor(straight),
@@ -135,3 +141,30 @@ def test_one_launch_optimizer_under_ddp_and_its_fallback_under_fsdp2(single):
     assert "triton could not run" in row["applied"]["optimizer"]
     assert any("DTensors (sharded), not plain tensors; using PyTorch's fused AdamW" in w
                for w in row["warnings"])
+
+
+def test_sigterm_under_torchrun_saves_on_every_rank_and_exits_143(tmp_path):
+    """The launcher forwards SIGTERM to torchrun, which passes it on; the ranks agree on the
+    step boundary, save together and stop."""
+    import signal
+
+    from fasttrain.run.checkpoint import resolve
+
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen([sys.executable, "-m", "fasttrain", "train", "llama", "--device",
+                             "cpu", "--steps", "100000", "--warmup", "0", "--set", "batch=8",
+                             "--nproc", "2", "--save", str(ckpt), "--save-every", "2", "--out",
+                             str(tmp_path / "o")], env=_env(), cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 200
+        while not (ckpt / "step-000002").is_dir() and proc.poll() is None:
+            assert time.time() < deadline, "no periodic save"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    line = next(x for x in err.splitlines() if "stopped after" in x)
+    assert line.startswith("fasttrain: SIGTERM") and str(resolve(ckpt)) in line, line

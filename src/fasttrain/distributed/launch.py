@@ -6,6 +6,7 @@ command, rank 0 reports.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -54,4 +55,16 @@ def relaunch(argv: list[str], nproc: int, nnodes: int = 1, rdzv_endpoint: str | 
     env = child_env(nproc=max(nproc, 2))
     cmd = torchrun_prefix(nproc, nnodes, rdzv_endpoint) + ["-m", "fasttrain",
                                                            *strip_launch_args(argv)]
-    return subprocess.run(cmd, env=env).returncode
+    proc = subprocess.Popen(cmd, env=env)
+    got: list[int] = []
+
+    def forward(signum, frame):  # torchrun passes it to every rank, which save and stop
+        got.append(signum)
+        proc.send_signal(signum)
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 + got[0] if got and code else code

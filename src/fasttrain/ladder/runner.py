@@ -94,7 +94,8 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
             if on_start:
                 on_start(rung.name, i, total)
             base = make_row("ladder", spec.workload, spec.size, rung.name,
-                            comment=rung.comment, recipe=recipe.to_dict(), parity=None)
+                            comment=rung.comment, device=spec.device,
+                            recipe=recipe.to_dict(), parity=None)
             unmet = unmet_requirements(recipe, spec.device.split(":")[0])
             t0 = time.perf_counter()
             row = {"skipped": "; ".join(unmet), "error": None} if unmet else run_rung(
@@ -127,3 +128,21 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
     return rows
 
 
+
+
+def failures(rows: list[dict]) -> str | None:
+    """Why the ladder failed, on one line, or None: a rung that errored or failed parity, a
+    peer that errored, or a ladder where every rung was skipped (nothing was measured)."""
+    bad = []
+    for r in rows:
+        if r.get("kind") not in ("ladder", "peer"):
+            continue
+        name = r.get("rung") or r.get("kind")
+        if r.get("error"):
+            bad.append(f"{name} (error)")
+        elif (r.get("parity") or {}).get("passed") is False:
+            bad.append(f"{name} (parity)")
+    rungs = [r for r in rows if r.get("kind") == "ladder"]
+    if rungs and all(r.get("skipped") for r in rungs):
+        bad.append(f"every rung was skipped ({rungs[0]['skipped']})")
+    return ", ".join(bad) or None

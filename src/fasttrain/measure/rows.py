@@ -7,6 +7,7 @@ here once; every command builds its rows with :func:`make_row` and writes them w
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +60,57 @@ def blank_row(kind: str, workload: str | None, size: str | None, rung: str | Non
     return make_row(kind, workload, size, rung, **fields, **blank)
 
 
+def strict(value: Any) -> Any:
+    """``value`` with every NaN or infinite float as None: strict JSON has no NaN or Infinity
+    (Python writes them as bare words, which other parsers refuse). Where a loss became
+    non-finite, the row's error or parity says so in words."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
+
+
 def append_row(path: str | Path, row: dict[str, Any]) -> None:
-    """One JSON line appended, flushed and fsynced: a crash later never loses a finished row."""
+    """One strict-JSON line appended, flushed and fsynced: a crash later never loses a finished
+    row. Non-finite numbers are written as null (:func:`strict`)."""
     if row.get("kind") not in KINDS:
         raise RowError(f"row without a known kind: {str(row)[:80]}")
-    append_line(path, json.dumps(row))
+    append_line(path, json.dumps(strict(row), allow_nan=False))
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
     """Every row of a JSONL file, in order."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """:func:`load_rows` of a file a user named: a missing file, a folder, a line that is not a
+    JSON object, or a file without rows is a one-line :class:`FasttrainError`."""
+    from ..errors import FasttrainError
+
+    p = Path(path)
+    if p.is_dir():
+        raise FasttrainError(f"rows file {path} is a folder: give a .jsonl file of rows")
+    if not p.is_file():
+        raise FasttrainError(f"no such rows file: {path}")
+    try:
+        lines = p.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise FasttrainError(f"rows file {path} cannot be read as text ({err})") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise FasttrainError(f"rows file {path}, line {n}: not JSON ({err})") from None
+        if not isinstance(row, dict):
+            raise FasttrainError(f"rows file {path}, line {n}: not a row (a JSON object)")
+        rows.append(row)
+    if not rows:
+        raise FasttrainError(f"rows file {path} holds no rows")
+    return rows

@@ -53,6 +53,11 @@ class PhaseTimer:
         self._open = (phase, now)
         self._relabel(phase)
 
+    def pause(self) -> None:
+        """Close the running phase and open none until the next ``step()``: what runs between
+        (a checkpoint save) is no part of any step's time."""
+        self._close(self._now())
+
     def _relabel(self, phase: str) -> None:
         if not self.labels:
             return

@@ -1,9 +1,10 @@
 """Checkpoints with torch.distributed.checkpoint (DCP).
 
-``save`` writes each rank's shards (model, optimizer, EMA) into one folder plus a small JSON of
-the step and schedule (written by rank 0, atomically); ``load`` reads them back into a model of
-any world size and sharding — DCP reshards on load; ``export`` consolidates a folder into one
-``torch.save`` file for inference or other tools. The data stream resumes at the saved step, so a
+``save`` writes each rank's shards (model, optimizer, EMA) plus a small JSON of the step and
+schedule into a new step folder of the ``--save`` folder, published whole (``step_folders``: a
+kill mid-save never touches the earlier saves); ``load`` reads the newest complete one back into
+a model of any world size and sharding — DCP reshards on load; ``export`` consolidates one into
+a ``torch.save`` file for inference or other tools. The data stream resumes at the saved step, so a
 resumed run sees the batches the uninterrupted run would have.
 
 Nothing read from a checkpoint folder can run code: DCP's ``.metadata`` is a pickle, so it is
@@ -30,12 +31,10 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from ..distributed import env as dist_env
 from ..errors import FasttrainError, describe_error
-from ..measure.files import write_atomic
 from ..techniques.base import TrainState
 from ..techniques.optimizer import continue_schedule, schedule_record
-
-META = "fasttrain.json"
-DCP_META = ".metadata"  # DCP's file name for its (pickled) Metadata
+from . import step_folders
+from .step_folders import DCP_META, META
 
 
 def check(state: TrainState) -> None:
@@ -80,20 +79,31 @@ def _state(state: TrainState) -> dict:
     return out
 
 
-def save(state: TrainState, folder: str | Path, step: int) -> Path:
+def save(state: TrainState, folder: str | Path, step: int, keep: int = 0) -> Path:
+    """Checkpoint ``step`` into a new step folder of ``folder`` (every rank calls it), published
+    only once every rank's files are written; ``keep``: then remove all but the newest ``keep``
+    step folders (0 keeps all). Returns the published folder (``folder`` on ranks other than 0)."""
     check(state)
-    folder = Path(folder)
+    root, main, timeout = Path(folder), dist_env.current().main, state.recipe.dist_timeout
     if state.ema is not None:
         state.ema.synchronize()
-    dcp.save(_state(state), checkpoint_id=str(folder))
-    if dist_env.current().main:
+    if main:
+        step_folders.begin(root, step)
+    dist_env.barrier("checkpoint save", timeout)
+    dcp.save(_state(state), checkpoint_id=str(step_folders.temp_folder(root, step)))
+    dist_env.barrier("checkpoint save", timeout)  # every rank's files are written and synced
+    published = root
+    if main:
         meta = {"step": step, "recipe": state.recipe.to_dict(),
                 "workload": [state.workload.name, state.workload.size],
                 "schedule": schedule_record(state.scheduler),
                 "world": dist_env.current().world}
-        write_atomic(folder / META, json.dumps(meta))
-    dist_env.barrier("checkpoint save", state.recipe.dist_timeout)
-    return folder
+        published = step_folders.publish(root, step_folders.temp_folder(root, step), step,
+                                         json.dumps(meta))
+        if keep:
+            step_folders.prune(root, keep)
+    dist_env.barrier("checkpoint save", timeout)
+    return published
 
 
 # What DCP's Metadata pickle is made of (found by reading real checkpoints' .metadata): its
@@ -137,6 +147,24 @@ def _read_metadata(path: str | Path) -> dcp_metadata.Metadata:
         raise FasttrainError(f"resume: {path} holds a {type(meta).__name__}, not DCP's "
                              "metadata: it will not be loaded")
     return meta
+
+
+def _whole(folder: Path) -> bool:
+    """Every file DCP's metadata names is there and long enough (a torn folder is not). A
+    metadata file that is not DCP's is refused here, not passed over: that is no torn save."""
+    if not ((folder / META).is_file() and (folder / DCP_META).is_file()):
+        return False
+    for info in _read_metadata(folder / DCP_META).storage_data.values():
+        path = folder / info.relative_path
+        if not path.is_file() or path.stat().st_size < info.offset + info.length:
+            return False
+    return True
+
+
+def resolve(folder: str | Path) -> Path:
+    """The save a ``--save`` folder (its newest complete step folder), a step folder or an
+    old-style checkpoint folder names; refused in one line when none is complete."""
+    return step_folders.resolve(folder, _whole)
 
 
 class _SafeReader(FileSystemReader):
@@ -202,10 +230,15 @@ def _dcp_load(target: dict, folder: Path, planner, whole: bool = False) -> None:
 def load(state: TrainState, folder: str | Path) -> int:
     """Restore model, optimizer, EMA and schedule; returns the step to continue from."""
     check(state)
-    folder = Path(folder)
-    if not (folder / META).is_file():
-        raise FasttrainError(f"no fasttrain checkpoint in {folder}")
-    meta = json.loads((folder / META).read_text())
+    folder = resolve(folder)
+    dist_env.agree("the checkpoint to resume", str(folder))
+    try:
+        meta = json.loads((folder / META).read_text())
+    except (ValueError, UnicodeDecodeError):
+        meta = None
+    if not isinstance(meta, dict):
+        raise FasttrainError(f"resume: {folder / META} is damaged (not a fasttrain checkpoint's "
+                             "JSON record): save the checkpoint again") from None
     saved, now = meta.get("recipe", {}), state.recipe.to_dict()
     was, this = meta.get("workload"), [state.workload.name, state.workload.size]
     if was and was != this:
@@ -241,10 +274,33 @@ def load(state: TrainState, folder: str | Path) -> int:
 
 
 def export(folder: str | Path, file: str | Path) -> Path:
-    """One consolidated ``torch.save`` file from a DCP folder (run in one process)."""
-    if not (Path(folder) / META).is_file():
-        raise FasttrainError(f"no fasttrain checkpoint in {folder}")
+    """One consolidated ``torch.save`` file from a checkpoint (``resolve``), in one process."""
+    folder = resolve(folder)
     full: dict = {}  # what dcp_to_torch_save does, through the safe reader and planner
-    _dcp_load(full, Path(folder), _SafeExportPlanner(), whole=True)
+    _dcp_load(full, folder, _SafeExportPlanner(), whole=True)
     torch.save(full, file)
     return Path(file)
+
+
+def model_weights(folder: str | Path, workload=None) -> dict[str, torch.Tensor]:
+    """The model's weights of a checkpoint (``resolve``; fp32 masters where the run kept them), by
+    their state-dict names, read in this process; ``workload``: refuse a folder saved by
+    another workload or size, in one line."""
+    try:
+        folder = resolve(folder)
+    except FasttrainError as err:
+        raise FasttrainError(f"{err} (give a fasttrain train --save folder)") from None
+    meta = json.loads((folder / META).read_text())
+    if workload is not None and list(meta.get("workload", [])) != [workload.name, workload.size]:
+        saved = " ".join(meta.get("workload", ["?"]))
+        raise FasttrainError(f"checkpoint {folder} holds {saved}, not {workload.name} "
+                             f"{workload.size}")
+    # only the model's tensors are read (not the optimizer's, twice their size): the target
+    # is built from the metadata's entries under "model."
+    entries = _read_metadata(folder / DCP_META).state_dict_metadata
+    target = {"model": {fqn[len("model."):]: torch.empty(tuple(md.size),
+                                                        dtype=md.properties.dtype)
+                        for fqn, md in entries.items()
+                        if fqn.startswith("model.") and hasattr(md, "size")}}
+    _dcp_load(target, folder, _SafePlanner(), whole=True)
+    return {k.replace("_orig_mod.", ""): v for k, v in target["model"].items()}

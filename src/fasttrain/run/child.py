@@ -52,6 +52,8 @@ class ChildSpec:
     """The global batch where the recipe does not carry it (a peer)."""
     budget_gib: float | None = None
     """A memory budget the job enforces (a fit trial)."""
+    job_args: dict[str, Any] = field(default_factory=dict)
+    """Whatever else the job needs, as JSON (an inference rung's spec)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

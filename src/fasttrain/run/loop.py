@@ -26,6 +26,7 @@ from ..techniques import (TrainState, apply_after_probe, apply_before_probe, bui
                           finish_all, prepare_process, probe_contexts, unmet_requirements)
 from ..workloads.base import UNITS, Batch, Workload
 from . import checkpoint
+from .saving import Saver
 from .data import DevicePrefetcher, HostBatches, SlotPrefetcher, make_loader, to_device
 from .graphs import GraphedStep
 from ..measure.timer import PhaseTimer
@@ -62,6 +63,7 @@ class RunResult:
     observed: dict[str, Any] = field(default_factory=dict)
     spread: dict[str, Any] | None = None  # steadiness.spread of step_times_s
     no_effect: dict[str, str] = field(default_factory=dict)  # switches that matched nothing
+    lrs: list[float] | None = None  # the learning rate of every step, warm-up included
 
     def to_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -306,14 +308,20 @@ class Observer:
 def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
           device: str | torch.device | None = None,
           observers: tuple[Observer, ...] = (), save_to: str | None = None,
-          resume_from: str | None = None) -> RunResult:
+          resume_from: str | None = None, save_every: int = 0, keep: int = 2) -> RunResult:
     """Run ``warmup`` + ``steps`` optimizer steps of ``workload`` under ``recipe``; measure.
 
     Under torchrun every rank calls this with the same recipe; ``batch`` is the global batch.
-    ``resume_from`` continues a DCP checkpoint (any world size); ``save_to`` writes one after.
+    ``resume_from`` continues a DCP checkpoint (any world size; a ``save_to`` folder continues
+    its newest complete save); ``save_to`` writes one after, and every ``save_every`` steps,
+    keeping the newest ``keep``; SIGINT/SIGTERM then save after the step under way and raise
+    :class:`~fasttrain.run.saving.Stopped`.
     """
     if steps < 1 or warmup < 0:
         raise FasttrainError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
+    if save_every < 0 or keep < 1 or (save_every and not save_to):
+        raise FasttrainError("save_every needs save_to and must be >= 0, keep must be >= 1; got "
+                             f"save_every={save_every}, keep={keep}")
     dev = resolve_device(device)
     if save_to:
         checkpoint.check_folder(save_to)  # before the run, not after it
@@ -334,10 +342,12 @@ def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
         for obs in observers:
             obs.attach(state)
         dist_env.barrier("start of training", recipe.dist_timeout)
-        res = _measure(state, dataset, flops, steps, warmup, observers, start)
-        res.observed = {obs.name: obs.report() for obs in observers}
-        if save_to:
-            checkpoint.save(state, save_to, start + warmup + steps)
+        saver = Saver(save_to, save_every, keep) if save_to else None
+        with saver.signals() if saver else contextlib.nullcontext():
+            res = _measure(state, dataset, flops, steps, warmup, observers, start, saver)
+            res.observed = {obs.name: obs.report() for obs in observers}
+            if saver:
+                saver.finish(state, start + warmup + steps)
         dist_env.barrier("end of training", recipe.dist_timeout)
         return res
     finally:
@@ -345,7 +355,8 @@ def train(workload: Workload, recipe: Recipe, steps: int = 20, warmup: int = 5,
 
 
 def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
-             observers: tuple[Observer, ...] = (), start_step: int = 0) -> RunResult:
+             observers: tuple[Observer, ...] = (), start_step: int = 0,
+             saver: Saver | None = None) -> RunResult:
     dev, wl, r = state.device, state.workload, state.recipe
     d = dist_env.current()
     loader = make_loader(wl, state.micro_batch, r.seed, dataset=dataset, rank=d.rank,
@@ -381,6 +392,8 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
         losses.append(stepper(micro))
         for obs in observers:
             obs.end(i)
+        if saver is not None:  # a step boundary: the data position is start_step + i + 1
+            saver.after_step(state, start_step + i + 1, timer.pause)
     timer.finish()
     if warmup == 0:
         warmup_s = 0.0
@@ -417,4 +430,17 @@ def _summarise(state, totals, phases, losses, flops, warmup_s, host_wait, rate) 
         data_wait_host_s=host_wait, applied=dict(state.applied), warnings=list(state.warnings),
         no_effect=dict(state.no_effect),
         compile=state.compile_stats,
-        step_times_s=list(totals), phase_steps_s=phases, spread=spread(totals))
+        step_times_s=list(totals), phase_steps_s=phases, spread=spread(totals),
+        lrs=_lrs(state, len(losses)))
+
+
+def _lrs(state, steps: int) -> list[float] | None:
+    """The learning rate each of the last ``steps`` steps used, from the schedule's closed
+    form (read once, after the run: no synchronisation inside the loop)."""
+    opt, sched = state.optimizer, state.scheduler
+    if opt is None or not getattr(opt, "param_groups", None):
+        return None
+    if sched is None:
+        return [float(opt.param_groups[0]["lr"])] * steps
+    base, lam, end = sched.base_lrs[0], sched.lr_lambdas[0], sched.last_epoch
+    return [float(base * lam(p)) for p in range(end - steps, end)]

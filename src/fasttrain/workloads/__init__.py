@@ -44,6 +44,8 @@ def _factory(spec: str):
         raise FasttrainError(
             f"unknown workload {spec!r}: use one of {', '.join(REGISTRY)} or package.module:factory")
     mod_name, fn_name = target.split(":", 1)
+    if not mod_name or not fn_name:
+        raise FasttrainError(f"workload {spec!r}: give package.module:factory (both parts)")
     if spec not in REGISTRY:
         _importable_here()
     try:

@@ -50,6 +50,37 @@ def write_synthetic_images(folder: Path, count: int, size: int, classes: int, se
     return write_folder_atomic(folder, fill)
 
 
+def write_pattern_images(folder: Path, count: int, size: int, classes: int, seed: int,
+                         noise: float = 0.35) -> Path:
+    """Write ``count`` labelled JPEGs that a model can learn, and can get wrong: class ``c`` is a
+    grating at orientation ``c·180°/classes`` (±a third of the step between classes) at a random
+    frequency, phase and pair of colours, under Gaussian noise of ``noise`` × full scale and a
+    random occluding disc. For measuring what quantization costs a trained model (random labels
+    would hide it). Flat layout with ``labels.json``; atomic; reused when present."""
+    def fill(tmp: Path) -> None:
+        from PIL import Image
+
+        rng = np.random.default_rng(seed)
+        labels = rng.integers(0, classes, size=count)
+        yy, xx = (np.mgrid[0:size, 0:size].astype(np.float32) / size) - 0.5
+        step = np.pi / classes
+        for i, c in enumerate(labels):
+            theta = c * step + rng.uniform(-step / 3, step / 3)
+            freq, phase = rng.uniform(3, 9), rng.uniform(0, 2 * np.pi)
+            wave = 0.5 + 0.5 * np.sin(2 * np.pi * freq * (xx * np.cos(theta) + yy * np.sin(theta))
+                                      + phase)
+            fg, bg = rng.random(3), rng.random(3)
+            img = wave[..., None] * fg + (1 - wave[..., None]) * bg
+            cx, cy, r = *rng.uniform(-0.5, 0.5, 2), rng.uniform(0.05, 0.25)
+            img[(xx - cx) ** 2 + (yy - cy) ** 2 < r * r] = rng.random(3)
+            img = img + rng.normal(0, noise, img.shape)
+            Image.fromarray((np.clip(img, 0, 1) * 255).astype(np.uint8)).save(
+                tmp / f"{i:06d}.jpg", quality=90)
+        (tmp / "labels.json").write_text(json.dumps(labels.tolist()))
+
+    return write_folder_atomic(folder, fill)
+
+
 def list_images(folder: Path) -> tuple[list[Path], list[int]]:
     """JPEG/PNG files of ``folder`` (sorted) and their labels (``labels.json`` or subfolders)."""
     folder = Path(folder)

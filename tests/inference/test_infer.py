@@ -1,0 +1,421 @@
+"""The inference ladder on the CPU: the rungs and their checks (spec.py), the measuring harness
+(bench.py: accuracy gate, padded batches, timings' keys), one rung at a time in-process
+(job.py) on timm's ViT and Swin (through the torchvision stub) and fasttrain's own ViT, serving
+a ``fasttrain train --save`` checkpoint, the table (report/inference.py), the labelled pattern
+images, and ``fasttrain infer`` end to end with ``--export`` (marked slow)."""
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+from torch import nn
+
+from fasttrain.cli import main
+from fasttrain.errors import FasttrainError
+from fasttrain.inference import bench
+from fasttrain.inference.job import infer_job
+from fasttrain.inference.model import check_device, load_classifier
+from fasttrain.inference.spec import (GATE, RUNGS, InferRung, InferSpec, REFERENCE,
+                                      rungs_named)
+from fasttrain.report.inference import inference_table, line, notes
+from fasttrain.run.checkpoint import model_weights
+from fasttrain.run.child import ChildSpec
+from fasttrain.workloads import load_workload
+from fasttrain.workloads.data import write_pattern_images
+from tests.converters.timm_stub import import_timm
+
+TIMM = import_timm()  # timm's ViT and Swin with the torchvision stub (this process only)
+CPU = torch.device("cpu")
+
+
+# --- spec.py: the rungs ---
+
+@pytest.mark.parametrize("names", [[], ["default"]])
+def test_default_rungs_are_all_in_order_reference_first(names):
+    got = [r.name for r in rungs_named(names)]
+    assert got == list(RUNGS) and got[0] == REFERENCE == "eager-fp32"
+
+
+def test_named_rungs_put_the_reference_first_once_and_drop_repeats():
+    got = [r.name for r in rungs_named(["sdpa", "eager-fp32", "sdpa", "eager-fp16"])]
+    assert got == ["eager-fp32", "sdpa", "eager-fp16"]
+    assert [r.name for r in rungs_named(["int8"])] == ["eager-fp32", "int8"]
+
+
+@pytest.mark.parametrize("names", [["warp"], ["sdpa", "warp"], ["peer-compile"]])
+def test_unknown_rung_is_refused(names):
+    with pytest.raises(FasttrainError, match="unknown inference rung"):
+        rungs_named(names)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("dtype", "float64", "dtype 'float64' is not one of"),
+    ("compile", "fast", "compile mode 'fast' is not one of"),
+    ("quant", "int4", "quant 'int4' is not fp8 or int8"),
+])
+def test_bad_rung_fields_are_refused(field, value, needle):
+    with pytest.raises(FasttrainError, match=needle):
+        InferRung("bad", "a bad rung", **{field: value})
+
+
+def test_spec_round_trips_through_json():
+    spec = InferSpec(workload="vit", size="tiny", rung=asdict(RUNGS["graphs"]))
+    back = InferSpec(**json.loads(json.dumps(spec.to_dict())))  # requires: tuple → list → tuple
+    assert back.rung_config() == RUNGS["graphs"]
+
+
+def test_check_device_on_the_cpu():
+    assert check_device(RUNGS["eager-fp32"], CPU) is None
+    assert check_device(RUNGS["sdpa"], CPU) is None
+    assert check_device(RUNGS["graphs"], CPU) == "needs a CUDA GPU"
+    assert check_device(RUNGS["compile"], CPU).startswith("fp16 compiled on a CPU")
+    assert check_device(InferRung("c", "x", dtype="float32", compile="default"), CPU) is None
+
+
+# --- bench.py: accuracy ---
+
+def _logits(n: int, classes: int = 10, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, classes, generator=torch.Generator().manual_seed(seed))
+
+
+def _flip(logits: torch.Tensor, i: int) -> torch.Tensor:
+    """``logits`` with row ``i``'s argmax moved to another class."""
+    out = logits.clone()
+    top = int(out[i].argmax())
+    out[i, (top + 1) % out.shape[1]] = out[i, top] + 1.0
+    return out
+
+
+def test_identical_logits_agree_fully():
+    ref = _logits(50)
+    acc = bench.accuracy(ref.clone(), ref, None, None)
+    assert acc["agreement"] == 1.0 and acc["max_logit_dev"] == 0.0
+    assert acc["mean_logit_dev"] == 0.0 and acc["passed"] and acc["images"] == 50
+    assert acc["top1"] is None and acc["gate"] == GATE and "reason" not in acc
+
+
+@pytest.mark.parametrize("n,passed", [(100, True), (200, True), (50, False), (10, False)])
+def test_one_flipped_argmax_passes_only_at_the_gate(n, passed):
+    ref = _logits(n)
+    acc = bench.accuracy(_flip(ref, n // 2), ref, None, None)
+    assert acc["agreement"] == pytest.approx((n - 1) / n)
+    assert acc["passed"] is passed and ((n - 1) / n >= GATE) is passed
+    assert acc["max_logit_dev"] > 0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_logits_fail_with_a_reason(bad):
+    ref = _logits(200)
+    got = ref.clone()
+    got[3, 0] = bad  # the argmax of every row may even agree: still a failure
+    acc = bench.accuracy(got, ref, None, None)
+    assert not acc["passed"] and acc["reason"] == "non-finite logits"
+
+
+def test_logits_of_another_shape_are_refused():
+    with pytest.raises(FasttrainError, match=r"logits \(8, 10\) do not match"):
+        bench.accuracy(_logits(8), _logits(9), None, None)
+
+
+def test_top1_against_labels():
+    ref = _logits(20)
+    labels = ref.argmax(-1).clone()
+    labels[:5] = (labels[:5] + 1) % 10  # 15 of 20 right
+    acc = bench.accuracy(ref, ref, labels, top1_ref=0.75)
+    assert acc["top1"] == pytest.approx(0.75) and acc["top1_ref"] == 0.75
+
+
+# --- bench.py: batches, timings, FLOPs, the reference file ---
+
+class _PerImage(nn.Module):
+    """uint8 (B, H, W, 3) → (B, 4), each image on its own; records the batch shapes it saw."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(4 * 4 * 3, 4)
+        self.shapes = []
+
+    def forward(self, x):
+        self.shapes.append(tuple(x.shape))
+        return self.proj(x.float().flatten(1) / 255)
+
+
+def _images(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (n, 4, 4, 3), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("n,batch", [(13, 5), (3, 8), (10, 5)])
+def test_all_logits_pad_the_last_chunk_and_crop_it(n, batch):
+    fwd, images = _PerImage(), _images(n)
+    with torch.no_grad():
+        whole = fwd(images)
+        fwd.shapes.clear()
+        got = bench.all_logits(fwd, images, batch, CPU)
+    assert got.shape == (n, 4) and got.dtype == torch.float32
+    torch.testing.assert_close(got, whole)
+    assert set(fwd.shapes) == {(batch, 4, 4, 3)}  # one shape: a compiled graph is not rebuilt
+
+
+def test_latency_and_throughput_keys():
+    fwd, x = _PerImage(), _images(6)
+    with torch.no_grad():
+        lat = bench.latency_ms(fwd, x[:1], iters=4, warmup=1, device=CPU)
+        one = bench.latency_ms(fwd, x[:1], iters=1, warmup=0, device=CPU)
+        thr = bench.throughput(fwd, x, iters=3, warmup=1, device=CPU)
+    assert set(lat) == {"p50", "p90", "batch"} and lat["batch"] == 1
+    assert 0 < lat["p50"] <= lat["p90"] and one["p50"] == one["p90"] > 0
+    assert {"throughput", "step_time_s", "step_time_min_s", "step_time_max_s"} <= set(thr)
+    assert thr["throughput"] > 0
+    assert thr["step_time_min_s"] <= thr["step_time_s"] <= thr["step_time_max_s"]
+    assert "peak_allocated_gib" not in thr  # CUDA only
+
+
+def test_count_flops_of_a_linear():
+    fwd = _PerImage()
+    assert bench.count_flops(fwd, _images(5)) == 2 * 5 * 48 * 4
+
+
+def test_reference_file_round_trip(tmp_path):
+    with pytest.raises(FasttrainError, match="the eager-fp32 rung did not finish"):
+        bench.load_reference(tmp_path)
+    bench.save_reference(tmp_path, _logits(6), 1234, 0.5)
+    ref = bench.load_reference(tmp_path)
+    torch.testing.assert_close(ref["logits"], _logits(6))
+    assert ref["flops"] == 1234 and ref["top1"] == 0.5
+
+
+# --- job.py: one rung in-process ---
+
+def _job(workload: str, rung: InferRung, workdir: Path, **kw) -> dict:
+    spec = InferSpec(workload=workload, size="tiny", rung=asdict(rung), batch=8, images=20,
+                     iters=2, warmup=1, workdir=str(workdir), **kw)
+    return infer_job(ChildSpec(job="", workload=spec.workload, job_args=spec.to_dict()))
+
+
+def _measured(row: dict) -> None:
+    assert not row.get("error") and not row.get("skipped"), row
+    assert row["kind"] == "inference" and row["throughput"] > 0 and row["batch"] == 8
+    assert row["latency_ms"]["batch"] == 1 and row["accuracy"]["images"] == 20
+    assert row["accuracy"]["passed"] and row["parity"]["passed"]
+
+
+WORKLOADS = ["timm:vit_base_patch16_224", "timm:swin_base_patch4_window7_224", "vit"]
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_rungs_in_process(workload, tmp_path):
+    if workload.startswith("timm:") and TIMM is None:
+        pytest.skip("timm is not installed")
+    ref = _job(workload, RUNGS[REFERENCE], tmp_path)
+    _measured(ref)
+    assert ref["accuracy"]["agreement"] == 1.0 and ref["accuracy"]["max_logit_dev"] == 0.0
+    assert ref["model_flops"] > 0 and ref["accuracy"]["top1"] is None  # random labels
+    assert (tmp_path / bench.REFERENCE_FILE).exists() and (tmp_path / bench.EVAL_FILE).exists()
+
+    for name in ("eager-fp16", "sdpa"):
+        row = _job(workload, RUNGS[name], tmp_path)
+        _measured(row)
+        assert 0 < row["accuracy"]["max_logit_dev"] < 0.1  # fp16 is not fp32
+        assert row["model_flops"] == ref["model_flops"]  # read from the reference
+    timm = workload.startswith("timm:")
+    assert ("written-out" in row["applied"]["attention"]) is False
+    assert ("SDPA attention in" in row["applied"]["attention"]) is timm
+
+    conv = _job(workload, InferRung("c", "x", dtype="float32", convert=True), tmp_path)
+    _measured(conv)
+    assert conv["accuracy"]["agreement"] == 1.0
+    assert ("timm ViT Block" if "vit_" in workload else
+            "timm Swin block" if "swin" in workload else "LayerNorm") in conv["applied"]["convert"]
+
+    if timm:  # fasttrain's own ViT reads its linears' weights itself: nothing to quantize
+        quant = _job(workload, InferRung("q", "x", dtype="float32", quant="int8"), tmp_path)
+        _measured(quant)
+        assert quant["applied"]["quant"]["quantized"] > 0
+        assert quant["applied"]["quant"]["mode"] == "int8"
+
+    skipped = _job(workload, RUNGS["graphs"], tmp_path)
+    assert skipped["skipped"] == "needs a CUDA GPU" and skipped["throughput"] is None
+
+
+def test_compile_rung_in_process(tmp_path):
+    _job("vit", RUNGS[REFERENCE], tmp_path)
+    row = _job("vit", InferRung("k", "compiled", dtype="float32", compile="default"), tmp_path)
+    _measured(row)
+    assert row["applied"]["compile"] == "default" and row["accuracy"]["agreement"] == 1.0
+    assert row["accuracy"]["max_logit_dev"] < 1e-3
+
+
+def test_a_rung_without_the_reference_is_an_error(tmp_path):
+    with pytest.raises(FasttrainError, match="no fp32 reference logits"):
+        _job("vit", RUNGS["sdpa"], tmp_path)
+
+
+def test_labelled_data_gives_top1(tmp_path):
+    data = write_pattern_images(tmp_path / "data", count=12, size=32, classes=10, seed=0)
+    ref = _job("vit", RUNGS[REFERENCE], tmp_path, data=str(data))
+    row = _job("vit", RUNGS["sdpa"], tmp_path, data=str(data))
+    assert ref["accuracy"]["images"] == 12 == row["accuracy"]["images"]
+    assert 0 <= ref["accuracy"]["top1"] <= 1 and row["accuracy"]["top1_ref"] == \
+        ref["accuracy"]["top1"]
+
+
+# --- a fasttrain train --save checkpoint ---
+
+@pytest.fixture(scope="module")
+def vit_checkpoint(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ckpt")
+    argv = ["train", "vit", "--size", "tiny", "--device", "cpu", "--steps", "2", "--warmup",
+            "0", "--batch", "4", "--save", str(tmp / "ckpt"), "--out", str(tmp / "out")]
+    assert main(argv) == 0
+    return tmp / "ckpt"
+
+
+def test_checkpoint_weights_are_served(vit_checkpoint):
+    wl = load_workload("vit", "tiny")
+    saved = model_weights(vit_checkpoint, wl)
+    served = load_classifier(wl, str(vit_checkpoint)).model.state_dict()
+    fresh = load_classifier(wl).model.state_dict()
+    assert saved and set(saved) <= set(served)
+    for name, tensor in saved.items():
+        torch.testing.assert_close(served[name], tensor.to(served[name].dtype), rtol=0, atol=0)
+    assert any(not torch.equal(fresh[n], saved[n]) for n in saved)  # two steps moved them
+
+
+def _light(workload: str, size: str):
+    """The workload's name and size only: model_weights reads no more."""
+    return type("W", (), {"name": workload, "size": size})()
+
+
+@pytest.mark.parametrize("workload,size", [("swin", "tiny"), ("vit", "base")])
+def test_checkpoint_of_another_workload_is_one_line(vit_checkpoint, workload, size):
+    wl = load_workload(workload, size) if size == "tiny" else _light(workload, size)
+    with pytest.raises(FasttrainError, match=f"holds vit tiny, not {workload} {size}") as err:
+        model_weights(vit_checkpoint, wl)
+    assert "\n" not in str(err.value)
+    if size == "tiny":
+        with pytest.raises(FasttrainError, match="holds vit tiny"):
+            load_classifier(wl, str(vit_checkpoint))
+
+
+# --- report/inference.py ---
+
+def _rows() -> list[dict]:
+    base = {"kind": "inference", "workload": "vit", "size": "tiny", "batch": 64, "peer": None,
+            "error": None}
+    acc = {"agreement": 0.998, "passed": True, "top1": 0.812, "top1_ref": 0.815}
+    full = {**base, "rung": "sdpa", "throughput": 123456.7, "step_time_s": 0.0123,
+            "latency_ms": {"p50": 1234.56, "p90": 2345.67, "batch": 1},
+            "peak_allocated_gib": 12.3, "tflops": 456.7, "x_peer": 1.23, "latency_x_peer": 0.87,
+            "accuracy": acc}
+    return [
+        {**full, "rung": "eager-fp32", "accuracy": {**acc, "agreement": 1.0}},
+        {**base, "rung": "peer-compile", "peer": "fp16 torch.compile", "skipped":
+         "needs a CUDA GPU", "throughput": None},
+        full,
+        {**full, "rung": "int8", "tflops": 3.2, "accuracy": {**acc, "agreement": 0.95,
+                                                              "passed": False},
+         "applied": {"quant": {"line": "int8: 12 linear layers quantized"}}},
+        {**base, "rung": "kernels", "error": "RuntimeError: boom"},
+    ]
+
+
+def _render(rows: list[dict], width: int = 80) -> str:
+    console = Console(width=width, record=True)
+    console.print(inference_table(rows, title="inference · vit tiny · cpu", width=width))
+    return console.export_text()
+
+
+def test_table_renders_every_row_within_80_columns():
+    text = _render(_rows())
+    lines = text.splitlines()
+    assert all(len(ln) <= 80 for ln in lines), text
+    for row in _rows():
+        assert any(ln.strip().startswith(row["rung"] + " ") for ln in lines), (row["rung"], text)
+    for figure in ("123,457", "1234.56/2345.67", "✓ 99.8%", "✗ 95.0%", "-0.30", "1.23", "0.87"):
+        assert figure in text, (figure, text)
+    assert "…" not in text, text  # nothing cropped
+
+
+def test_table_at_gpu_figures_fits_80_columns_and_keeps_all_columns_when_wide():
+    acc = {"agreement": 1.0, "passed": True, "top1": 0.81, "top1_ref": 0.81}
+    row = {"rung": "peer-eager-fp16", "throughput": 11721.0, "step_time_s": 0.00543,
+           "latency_ms": {"p50": 0.65, "p90": 0.69}, "peak_allocated_gib": 0.2, "tflops": 414.0,
+           "x_peer": 1.2, "latency_x_peer": 0.9, "accuracy": acc}
+    narrow = _render([row])
+    assert all(len(ln) <= 80 for ln in narrow.splitlines()), narrow
+    assert "…" not in narrow and "11,721" in narrow and "peer-eager-fp16" in narrow, narrow
+    wide = _render([row], width=140)
+    assert all(col in wide for col in ("img/s", "ms", "GiB", "TFLOP/s", "agree")), wide
+    assert "414" in wide and "…" not in wide
+
+
+def test_notes_name_errors_skips_and_quantized_layers():
+    got = notes(_rows())
+    assert "batch 64" in got[0]
+    assert "peer-compile: skipped: needs a CUDA GPU" in got
+    assert "kernels: error: RuntimeError: boom" in got
+    assert "int8: int8: 12 linear layers quantized" in got
+    assert len(got) == 4
+
+
+def test_line_of_a_row():
+    rows = _rows()
+    assert line(rows[2]).startswith("rung sdpa  img/s 123,457")
+    assert line(rows[1]) == "rung peer-compile  (skipped: needs a CUDA GPU)"
+
+
+# --- write_pattern_images ---
+
+def test_pattern_images_are_labelled_and_seeded(tmp_path):
+    def write(name, seed):
+        folder = write_pattern_images(tmp_path / name, count=10, size=16, classes=4, seed=seed)
+        labels = json.loads((folder / "labels.json").read_text())
+        images = sorted(p for p in folder.iterdir() if p.suffix == ".jpg")
+        return labels, [p.read_bytes() for p in images]
+
+    labels, images = write("a", 0)
+    assert len(labels) == len(images) == 10 and all(0 <= c < 4 for c in labels)
+    assert write("b", 0) == (labels, images)
+    assert write("c", 1)[1] != images
+    wl = load_workload("vit", "tiny", data=str(tmp_path / "a"))
+    item = wl.dataset()[0]
+    assert item["images"].dtype == torch.uint8 and int(item["labels"]) == labels[0]
+
+
+# --- fasttrain infer, end to end ---
+
+@pytest.mark.slow
+def test_infer_end_to_end_with_export(capsys, tmp_path):
+    out, package = tmp_path / "out", tmp_path / "vit.pt2"
+    argv = ["infer", "vit", "--device", "cpu", "--images", "256", "--iters", "5", "--warmup",
+            "2", "--batch", "8", "--rungs", "eager-fp16,sdpa", "--out", str(out), "--export",
+            str(package)]
+    rc = main(argv)
+    cap = capsys.readouterr()
+    assert rc == 0, cap.out + cap.err
+    assert "Traceback" not in cap.out + cap.err
+    (rows_file,) = out.glob("infer-vit-tiny-*.jsonl")
+    rows = [json.loads(x) for x in rows_file.read_text().splitlines()]
+    names = [r["rung"] for r in rows]
+    assert names == ["eager-fp32", "peer-eager-fp16", "peer-compile", "eager-fp16", "sdpa",
+                     "export"]
+    assert rows[2]["skipped"] == "needs a CUDA GPU" and rows[2]["peer"]
+    for row in rows[:2] + rows[3:5]:
+        assert not row.get("error") and row["accuracy"]["passed"], row
+        assert row["env"]["torch"]
+    assert rows[1]["peer"] == "fp16 eager"
+    export = rows[-1]
+    assert not export.get("error") and export["exported_from"] in ("eager-fp32", "eager-fp16",
+                                                                   "sdpa")
+    assert export["accuracy"]["passed"] and export["accuracy"]["images"] == 256
+    if export["exported_from"] == "eager-fp32":
+        assert export["accuracy"]["agreement"] == 1.0
+    assert package.is_file() and export["size_mb"] > 0 and export["package"] == str(package)
+    assert not list(tmp_path.glob("*.partial.pt2"))
+    assert "inference · vit tiny · cpu" in cap.out  # the table
+    assert "peer-compile: skipped: needs a CUDA GPU" in cap.out
+    assert f"rows: {rows_file}" in cap.out
