@@ -66,6 +66,36 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
 
 
+def _infer_parser(sub) -> None:
+    """``fasttrain infer``'s options (docs/inference.md)."""
+    inf = sub.add_parser("infer", help="the inference ladder: latency, throughput and "
+                         "accuracy against fp32, rung by rung, beside PyTorch's best")
+    inf.add_argument("workload", nargs="?", default="vit",
+                     help="an image classifier: timm:NAME, vit or swin (default vit)")
+    inf.add_argument("--size", default=None, help="tiny | base (default: base on CUDA, tiny "
+                     "on CPU)")
+    inf.add_argument("--rungs", default="default",
+                     help="comma-separated rungs (eager-fp32, eager-fp16, sdpa, compile, graphs, "
+                          "kernels, fp8, int8) or default (all); eager-fp32 always runs first")
+    inf.add_argument("--batch", type=int, default=64, help="the throughput batch (default 64)")
+    inf.add_argument("--images", type=int, default=1024,
+                     help="held-out images the accuracy is measured on (default 1024)")
+    inf.add_argument("--iters", type=int, default=50, help="timed calls (default 50)")
+    inf.add_argument("--warmup", type=int, default=10, help="untimed calls (default 10)")
+    inf.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    inf.add_argument("--data", default=None,
+                     help="a labelled image folder (one subfolder per class) to evaluate on")
+    inf.add_argument("--opt", action="append", metavar="KEY=VALUE", help="workload option")
+    inf.add_argument("--checkpoint", default=None, metavar="DIR",
+                     help="a fasttrain train --save folder: serve its weights")
+    inf.add_argument("--no-peer", dest="peer", action="store_false",
+                     help="leave out the PyTorch peers (eager fp16, compile reduce-overhead)")
+    inf.add_argument("--export", default=None, metavar="FILE.pt2",
+                     help="export the fastest rung that passes as an AOTInductor package")
+    inf.add_argument("--out", default="out", help="folder for the JSONL rows (default out/)")
+    inf.add_argument("--rung-timeout", type=float, default=900.0, help="seconds per rung")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fasttrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,32 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--per-gpu-batch", type=int, default=None)
     sc.add_argument("--out", default="out")
     sc.add_argument("--rung-timeout", type=float, default=None)
-    inf = sub.add_parser("infer", help="the inference ladder: latency, throughput and "
-                         "accuracy against fp32, rung by rung, beside PyTorch's best")
-    inf.add_argument("workload", nargs="?", default="vit",
-                     help="an image classifier: timm:NAME, vit or swin (default vit)")
-    inf.add_argument("--size", default=None, help="tiny | base (default: base on CUDA, tiny "
-                     "on CPU)")
-    inf.add_argument("--rungs", default="default",
-                     help="comma-separated rungs (eager-fp32, eager-fp16, sdpa, compile, graphs, "
-                          "kernels, fp8, int8) or default (all); eager-fp32 always runs first")
-    inf.add_argument("--batch", type=int, default=64, help="the throughput batch (default 64)")
-    inf.add_argument("--images", type=int, default=1024,
-                     help="held-out images the accuracy is measured on (default 1024)")
-    inf.add_argument("--iters", type=int, default=50, help="timed calls (default 50)")
-    inf.add_argument("--warmup", type=int, default=10, help="untimed calls (default 10)")
-    inf.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    inf.add_argument("--data", default=None,
-                     help="a labelled image folder (one subfolder per class) to evaluate on")
-    inf.add_argument("--opt", action="append", metavar="KEY=VALUE", help="workload option")
-    inf.add_argument("--checkpoint", default=None, metavar="DIR",
-                     help="a fasttrain train --save folder: serve its weights")
-    inf.add_argument("--no-peer", dest="peer", action="store_false",
-                     help="leave out the PyTorch peers (eager fp16, compile reduce-overhead)")
-    inf.add_argument("--export", default=None, metavar="FILE.pt2",
-                     help="export the fastest rung that passes as an AOTInductor package")
-    inf.add_argument("--out", default="out", help="folder for the JSONL rows (default out/)")
-    inf.add_argument("--rung-timeout", type=float, default=900.0, help="seconds per rung")
+    _infer_parser(sub)
     rep = sub.add_parser("report", help="render result rows (JSONL) as a table or an HTML page")
     rep.add_argument("rows", nargs="+")
     how = rep.add_mutually_exclusive_group()

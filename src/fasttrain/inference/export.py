@@ -25,7 +25,7 @@ from ..run.child import ChildSpec, run_in_child
 from ..workloads import load_workload
 from . import bench
 from .model import load_classifier, prepare
-from .runner import InferLadder, compare_to_peer
+from .runner import InferLadder, compare_to_peer, rung_spec
 from .spec import RUNGS, InferSpec
 
 CHECK_SCRIPT = Path(__file__).with_name("serve_check.py")
@@ -74,10 +74,7 @@ def _export_row(spec: InferLadder, source: dict, package: Path, workdir: Path) -
                     exported_from=source["rung"], batch=spec.batch, throughput_unit="img/s",
                     latency_ms=None, accuracy=None, package=str(package))
     rung = RUNGS[source["rung"]]
-    job = InferSpec(workload=spec.workload, size=spec.size, rung=asdict(rung), device=spec.device,
-                    batch=spec.batch, images=spec.images, iters=spec.iters, warmup=spec.warmup,
-                    data=spec.data, options=spec.options, checkpoint=spec.checkpoint,
-                    workdir=str(workdir))
+    job = rung_spec(spec, rung, workdir)
     partial = package.with_name(package.stem + ".partial.pt2")  # AOTInductor wants .pt2
     child = ChildSpec(job="fasttrain.inference.export:export_job", workload=spec.workload,
                       size=spec.size, device=spec.device,

@@ -93,11 +93,16 @@ def _check_checkpoint(folder: Path, wl) -> None:
                              f"this run is {wl.name} {wl.size}")
 
 
+def rung_spec(spec: InferLadder, rung: InferRung, workdir: Path) -> InferSpec:
+    """What one process of ``spec``'s ladder runs for ``rung`` (measured or exported)."""
+    return InferSpec(workload=spec.workload, size=spec.size, rung=asdict(rung),
+                     device=spec.device, batch=spec.batch, images=spec.images, iters=spec.iters,
+                     warmup=spec.warmup, data=spec.data, options=spec.options,
+                     checkpoint=spec.checkpoint, workdir=str(workdir))
+
+
 def _child(spec: InferLadder, rung: InferRung, workdir: Path) -> ChildSpec:
-    job = InferSpec(workload=spec.workload, size=spec.size, rung=asdict(rung), device=spec.device,
-                    batch=spec.batch, images=spec.images, iters=spec.iters, warmup=spec.warmup,
-                    data=spec.data, options=spec.options, checkpoint=spec.checkpoint,
-                    workdir=str(workdir))
+    job = rung_spec(spec, rung, workdir)
     return ChildSpec(job="fasttrain.inference.job:infer_job", workload=spec.workload,
                      size=spec.size, device=spec.device, data=spec.data, options=spec.options,
                      batch=spec.batch, job_args=job.to_dict())
