@@ -66,6 +66,25 @@ def hang_on_rank1(size="tiny", seed=0, data=None):
                           default_batch=4)
 
 
+def hang_in_step3_on_rank1(size="tiny", seed=0, data=None):
+    """Rank 1 stops inside the third step's forward (the others wait in its gradient
+    all-reduce): a rank hung in the middle of training."""
+    import os
+    import time
+
+    import torch.nn.functional as F
+    calls = [0]
+
+    def loss(m, b):
+        calls[0] += 1
+        if calls[0] >= 3 and os.environ.get("RANK") == "1":
+            time.sleep(3600)
+        return F.cross_entropy(m(b["x"]), b["y"], reduction="sum")
+
+    return SimpleWorkload(name="hang-step", build=lambda: torch.nn.Linear(16, 3), data=_SlowData,
+                          loss_fn=loss, default_batch=4)
+
+
 def check_exact_gelu(bias_gelu, device: str, points: int) -> None:
     """``bias_gelu``'s exact GELU and its gradient against PyTorch's in float64, fp32 inputs on
     ``points`` points of z in [-9, 9]: within 2e-6 and 5e-7 (a few ulp of erf)."""
@@ -123,3 +142,40 @@ def tiny_cnn_workload(size="tiny", seed=0, data=None):
                           loss_fn=lambda m, b: F.cross_entropy(m(b["x"]), b["y"],
                                                                reduction="sum"),
                           default_batch=8)
+
+
+def _overflowing(stays: bool, at: int = 3):
+    """A small classifier whose loss overflows fp16 at optimizer step ``at`` (1-based, warm-up
+    included; and at every step after it with ``stays``). Under fp16-mixed that step's loss and
+    gradients are NaN, so the GradScaler skips it; in fp32 the extra term is exactly 0 and its
+    gradient too, so the fp32 losses are those of the plain classifier."""
+    import torch.nn.functional as F
+
+    calls = [0]
+
+    def loss(m, b):
+        calls[0] += 1  # call 1 is the loop's probe step: optimizer step n is call n + 1
+        logits = m(b["x"])
+        out = F.cross_entropy(logits, b["y"], reduction="sum")
+        step = calls[0] - 1
+        if step == at or (stays and step > at):
+            # 0 x a loss on logits scaled past fp16's 65504: NaN in fp16, exactly 0 in fp32
+            out = out + 0.0 * F.cross_entropy((logits.abs() + 1) * 1e5, b["y"], reduction="sum")
+        return out
+
+    def items():
+        g = torch.Generator().manual_seed(0)
+        return [{"x": torch.randn(16, generator=g), "y": torch.tensor(i % 3)} for i in range(64)]
+
+    return SimpleWorkload(name="fp16-overflow", build=lambda: torch.nn.Linear(16, 3), data=items,
+                          loss_fn=loss, default_batch=8)
+
+
+def fp16_overflow_once(size="tiny", seed=0, data=None):
+    """:func:`_overflowing` at step 3 only: the run recovers."""
+    return _overflowing(stays=False)
+
+
+def fp16_overflow_stays(size="tiny", seed=0, data=None):
+    """:func:`_overflowing` from step 3 to the end: the run never recovers."""
+    return _overflowing(stays=True)

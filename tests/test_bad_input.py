@@ -2,6 +2,8 @@
 loss goes non-finite ends in one line and exit status 1. The CLI runs in-process (``main``)."""
 from __future__ import annotations
 
+import errno
+import json
 import os
 import stat
 
@@ -297,6 +299,9 @@ def test_bad_workload_option_values(capsys, extra, needle):
     (["--rungs", "fp32", "--nnodes", "2"], "ladder runs on one node"),
     (["--rungs", "fp32", "--set", "warp_drive=1"], "unknown switch 'warp_drive'"),
     (["--rungs", "fp32", "--device", "cuda:x"], "unknown device 'cuda:x'"),
+    (["--long", "10"], "--long takes at least 40 steps"),
+    (["--long", "100", "--peer"], "--long takes at least 40 steps (2,000 make the point), on one"),
+    (["--long", "100", "--rungs", "fp9"], "--long: unknown variant 'fp9': use fp8, bf16-stream"),
 ])
 def test_bad_ladder_options(capsys, tmp_path, extra, needle):
     _one_line(capsys, ["ladder", "vit", *FAST, "--out", str(tmp_path / "o"), *extra], 2, needle)
@@ -346,6 +351,11 @@ def test_bad_export(capsys, files, extra, needle):
     extra = [x if x.startswith("--") else str(files / x) for x in extra]
     _one_line(capsys, ["train", "vit", *FAST, *extra], 2, needle)
     assert not (files / "ckpt").exists()  # refused before the run
+
+
+def test_resume_auto_without_save(capsys):
+    _one_line(capsys, ["train", "vit", *FAST, "--resume", "auto"], 2,
+              "--resume auto continues the newest save of --save DIR; give --save")
 
 
 # 17: module:factory
@@ -482,6 +492,44 @@ def test_ctrl_c_in_a_ladder_says_where_the_rows_are(capsys, monkeypatch, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     (rows,) = tmp_path.glob("ladder-*.jsonl")
     assert len(err) == 1 and "interrupted" in err[0] and str(rows) in err[0]
+
+
+def test_ctrl_c_before_the_first_row_leaves_no_empty_rows_file(capsys, monkeypatch, tmp_path):
+    _fake_ladder(monkeypatch, [], interrupt=True)
+    assert main(["ladder", "vit", *FAST, "--rungs", "fp32", "--out", str(tmp_path)]) == 130
+    assert "no row finished" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("code,needle", [
+    (errno.ENOSPC, "the disk is full: cannot write "),
+    (errno.EDQUOT, "the disk quota is exceeded: cannot write "),
+])
+def test_a_ladder_on_a_full_disk_is_one_line_and_prints_its_row(capsys, monkeypatch, tmp_path,
+                                                                code, needle):
+    _fake_ladder(monkeypatch, [_OK, {**_OK, "rung": "bf16"}])
+    real, torn = os.write, []
+
+    def write(fd, data):  # the second row finds the disk full after 10 of its bytes
+        if not os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path)) \
+                or os.fstat(fd).st_size == 0:
+            return real(fd, data)
+        if not torn:
+            torn.append(fd)
+            return real(fd, bytes(data[:10]))
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "write", write)
+    rc = main(["ladder", "vit", *FAST, "--rungs", "fp32", "--out", str(tmp_path)])
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    (rows,) = tmp_path.glob("ladder-*.jsonl")
+    assert rc == 1 and len(err) == 1 and "Traceback" not in cap.err + cap.out, cap.err
+    assert err[0].startswith(f"fasttrain: error: {needle}{rows} (")
+    assert err[0].endswith("bytes needed): free space or pass --out elsewhere")
+    assert [json.loads(x)["rung"] for x in rows.read_text().splitlines()] == ["fp32"]
+    note, line = [x for x in cap.out.splitlines() if "not saved" in x or x.startswith("{")]
+    assert "this row was not saved" in note and json.loads(line)["rung"] == "bf16"
 
 
 # --- fasttrain infer: refused before any rung's process starts ---

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import FasttrainError
+from .errors import FasttrainError, RunFailed
 
 
 def _literal(text: str):
@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     lad.add_argument("--no-confirm", dest="confirm", action="store_false",
                      help="with --peer: measure each side once, without the confirming repeats")
     lad.add_argument("--rung-timeout", type=float, default=None, help="seconds per rung")
+    lad.add_argument("--long", type=int, default=0, metavar="STEPS",
+                     help="long-run parity: the bf16-mixed baseline and each numerics switch "
+                          "(fp8, bf16-stream, bf16-weights; pick with --rungs) run STEPS steps "
+                          "each, their loss curves compared (2,000 make the point)")
     lad.add_argument("--tensorboard", default=None, metavar="DIR",
                      help="also write each rung's per-step loss, lr, step time and throughput "
                           "as a TensorBoard run under DIR")
@@ -134,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--keep", type=int, default=2, metavar="K",
                     help="with --save: keep the newest K step folders (default 2)")
     tr.add_argument("--resume", default=None, metavar="DIR",
-                    help="continue a DCP checkpoint (a --save DIR: its newest complete save)")
+                    help="continue a DCP checkpoint (a --save DIR: its newest complete save); "
+                         "auto: the newest save of --save DIR where there is one, else start")
     tr.add_argument("--export", default=None, metavar="FILE",
                     help="consolidate the saved checkpoint into one torch.save file")
     pro = sub.add_parser("profile", help="where a step's time and memory go; what to switch on")
@@ -182,11 +187,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _out_path(args, kind: str, size: str, suffix: str = ".jsonl") -> Path:
-    """``out/<kind>-<workload>-<size>-<time><suffix>`` (a module:factory made file-safe)."""
+    """``out/<kind>-<workload>-<size>-<time><suffix>`` (a module:factory made file-safe), made
+    here (a folder where ``suffix`` is empty) so that no other command gets it: a second one
+    started in the same second with the same --out gets ``-2``, ``-3``… before the suffix.
+    Left empty, it is removed when the command ends (:func:`_drop_unused_outputs`)."""
     _out_folder(args.out)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     name = args.workload.replace(":", "_").replace(".", "_")
-    return Path(args.out) / f"{kind}-{name}-{size}-{stamp}{suffix}"
+    for n in range(1, 10_000):
+        path = Path(args.out) / f"{kind}-{name}-{size}-{stamp}{f'-{n}' if n > 1 else ''}{suffix}"
+        if os.environ.get("RANK", "0") != "0":  # a torchrun rank other than 0 writes no rows
+            return path
+        try:
+            if suffix:
+                open(path, "x").close()
+            else:
+                path.mkdir()
+        except FileExistsError:
+            continue
+        _OUTPUTS.append(path)
+        return path
+    raise FasttrainError(f"--out {args.out}: 10,000 {kind} files of this second already: give "
+                         "another folder")
+
+
+_OUTPUTS: list[Path] = []
+"""The files and folders :func:`_out_path` made for the command under way."""
+
+
+def _drop_unused_outputs() -> None:
+    """Remove what :func:`_out_path` made and nothing filled (a run refused or stopped before
+    its first row)."""
+    while _OUTPUTS:
+        path = _OUTPUTS.pop()
+        try:
+            if path.is_dir():
+                path.rmdir()  # only an empty one
+            elif path.stat().st_size == 0:
+                path.unlink()
+        except OSError:  # a folder with files, or gone already
+            pass
 
 
 def _device(arg: str) -> str:
@@ -286,6 +326,8 @@ def cmd_ladder(args) -> int:
     if not rungs:
         raise FasttrainError("--rungs names no rung: give rung names (fp32,bf16), 'default', "
                              "'memory', 'fast' or 'none'")
+    if args.long:
+        return _long(args, device, size, rungs)
     out = _out_path(args, "ladder", size)
     base = _base_recipe(argparse.Namespace(recipe=None, set=args.set, batch=args.batch))
     extra = []
@@ -308,7 +350,8 @@ def cmd_ladder(args) -> int:
         rows = show_progress(lambda on_row, on_start: run_ladder(spec, on_row, on_start),
                              f"fasttrain ladder · {spec.workload} {spec.size} · {spec.device}")
     except KeyboardInterrupt:  # the rows finished so far are already in the file
-        kept = f"the rows finished so far are in {out}" if out.exists() else "no row finished"
+        kept = (f"the rows finished so far are in {out}" if out.exists() and out.stat().st_size
+                else "no row finished")
         print(f"fasttrain: interrupted: {kept}", file=sys.stderr)
         return 130
     if rungs == ["fast"]:
@@ -327,6 +370,49 @@ def cmd_ladder(args) -> int:
     return _error(f"the ladder failed: {failed}", 1) if failed else 0
 
 
+def _resume_from(args) -> str | None:
+    """--resume DIR as given; ``auto``: the newest complete save of --save DIR, or none (a
+    first start, or a first save that was cut off), said on one line."""
+    if args.resume != "auto":
+        return args.resume
+    if not args.save:
+        raise FasttrainError("--resume auto continues the newest save of --save DIR; give --save")
+    from .distributed.env import launched
+    from .run.checkpoint import latest
+
+    found = latest(args.save)
+    if os.environ.get("RANK", "0") == "0" or not launched():
+        print(f"resume: {'continuing ' + str(found) if found else 'no complete save in '}"
+              f"{'' if found else args.save + ' yet: starting from step 0'}", file=sys.stderr)
+    return str(found) if found else None
+
+
+def _long(args, device: str, size: str, rungs: list[str]) -> int:
+    """``ladder --long N``: the numerics switches' loss curves against bf16-mixed's."""
+    from .ladder.long_run import failures, long_plan, long_table, run_long
+    from .ladder.spec import LadderSpec
+    from .measure.curves import WINDOWS
+
+    if args.long < 2 * WINDOWS or args.nproc > 1 or args.peer:
+        raise FasttrainError(f"--long takes at least {2 * WINDOWS} steps (2,000 make the point), "
+                             f"on one process, without --peer (got --long {args.long})")
+    base = _base_recipe(args)  # --recipe/--preset and --set: the baseline, switches off
+    names = None if rungs == ["default"] else rungs
+    long_plan(base, names)  # a bad variant name is refused before anything runs
+    spec = LadderSpec(workload=args.workload, size=size, base=base, steps=args.long,
+                      warmup=args.warmup, device=device, data=args.data,
+                      options=_options(args.opt), out=_out_path(args, "long", size),
+                      rung_timeout=args.rung_timeout)
+    print(f"fasttrain ladder --long {args.long} · {spec.workload} {size} · {device}", flush=True)
+    rows = run_long(spec, names, lambda row, i, n: print(
+        f"  {i + 1}/{n} {row['rung']}: " + (row.get("error") or row.get("skipped") or "done"),
+        flush=True))
+    print("\n".join(long_table(rows)))
+    print(f"rows: {spec.out}")
+    failed = failures(rows)
+    return _error(f"the long run failed: {failed}", 1) if failed else 0
+
+
 def cmd_train(args) -> int:
     from .run.loop import train
     from .workloads import load_workload
@@ -343,6 +429,7 @@ def cmd_train(args) -> int:
                              f"{args.save_every} and {args.keep}")
     if args.export:
         _file_target(args.export, "--export")
+    resume = _resume_from(args)
     out = _out_path(args, "train", size)  # a wrong --out is refused before the run
     options = _options(args.opt)
     wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **options)
@@ -351,7 +438,7 @@ def cmd_train(args) -> int:
 
     try:
         res = train(wl, recipe, steps=args.steps, warmup=args.warmup, device=device,
-                    save_to=args.save, resume_from=args.resume, save_every=args.save_every,
+                    save_to=args.save, resume_from=resume, save_every=args.save_every,
                     keep=args.keep)
     except Stopped as stop:  # SIGINT/SIGTERM: saved after the step under way
         if current().main:
@@ -383,7 +470,7 @@ def cmd_train(args) -> int:
         from .report.train import train_summary
 
         default_console().print(train_summary(row, str(out), Recipe().to_dict()))
-    bad = res.first_nonfinite()
+    bad = res.failed_step()  # fp16: a step the GradScaler skipped and recovered from passes
     if bad is not None:  # the row is written above; the run itself failed
         return _error(f"the loss became {res.losses[bad - 1]} at step {bad} of "
                       f"{len(res.losses)}: lower the learning rate or check the data and the "
@@ -392,6 +479,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_profile(args) -> int:
+    from .measure.files import write_atomic
     from .measure.rows import append_row
     from .profile.advisor import Finding, suggest_recipe
     from .profile.runner import run_profile
@@ -423,8 +511,8 @@ def cmd_profile(args) -> int:
         findings = [Finding(**f) for f in row["findings"]]
         better = suggest_recipe(recipe, findings)
         note = "\n".join(f"{f.rule}: {f.evidence}" for f in findings) or "no findings"
-        Path(args.suggest_recipe).write_text(to_toml(better, comment=f"fasttrain profile "
-                                             f"{args.workload} {size}\n{note}"))
+        write_atomic(args.suggest_recipe, to_toml(better, comment=f"fasttrain profile "
+                                                  f"{args.workload} {size}\n{note}"))
         print(f"suggested recipe: {args.suggest_recipe} "
               f"(measure it: fasttrain ladder {args.workload} --recipe {args.suggest_recipe})")
     return 0
@@ -525,8 +613,6 @@ def cmd_scaling(args) -> int:
 
 
 def cmd_infer(args) -> int:
-    import tempfile
-
     from .inference.runner import InferLadder
     from .report.live import default_console
 
@@ -554,11 +640,10 @@ def cmd_infer(args) -> int:
     console = default_console()
     console.print(f"fasttrain infer · {spec.workload} {size} · {device} · batch {spec.batch}, "
                   f"{spec.images} held-out images")
-    work = tempfile.TemporaryDirectory(prefix="fasttrain-infer-")
-    try:
-        return _infer_in(spec, args, Path(work.name), console)
-    finally:
-        work.cleanup()
+    from .run.scratch import scratch
+
+    with scratch("infer") as workdir:
+        return _infer_in(spec, args, workdir, console)
 
 
 def _infer_in(spec, args, workdir: Path, console) -> int:
@@ -623,6 +708,11 @@ def cmd_report(args) -> int:
             console.print(inference_table(rows, title=path, width=console.width))
             for text in notes(rows):
                 console.print(text)
+        elif rows and all(r.get("kind") == "long" for r in rows) and not args.markdown:
+            from .ladder.long_run import long_table
+
+            print(path)
+            print("\n".join(long_table(rows)))
         elif args.markdown:
             print(markdown_table(rows, link=path))
         else:
@@ -639,9 +729,12 @@ def _error(message: object, code: int) -> int:
 
 def _run_failed(err: Exception) -> int:
     """A run that crashed (not a mistake in the command): one line, exit status 1; with
-    FASTTRAIN_TRACEBACK=1 the traceback first, for a bug report."""
-    from .errors import describe_error
+    FASTTRAIN_TRACEBACK=1 the traceback first, for a bug report. A full disk met outside
+    fasttrain's own writers (a checkpoint shard) is said as such, naming the file."""
+    from .errors import describe_error, disk_full
 
+    if (full := disk_full(err)) is not None:
+        return _error(full, 1)
     if os.environ.get("FASTTRAIN_TRACEBACK") == "1":
         import traceback
 
@@ -650,8 +743,39 @@ def _run_failed(err: Exception) -> int:
     return _error(f"the run failed: {describe_error(err)} (FASTTRAIN_TRACEBACK=1 shows where)", 1)
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the command is so that its folders and children are cleaned up."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise _Terminated()
+
+
+def _end_with_parent() -> None:
+    """A rank torchrun started ends when torchrun does (a SIGKILL leaves nothing behind)."""
+    from .distributed.env import launched
+    from .distributed.launch import die_with_parent
+
+    if launched():
+        die_with_parent()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _end_with_parent()
+    import signal
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    try:
+        return _main(argv)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
     except _Usage as err:
@@ -678,14 +802,27 @@ def main(argv: list[str] | None = None) -> int:
         return {"ladder": cmd_ladder, "train": cmd_train, "profile": cmd_profile,
                 "fit": cmd_fit, "scaling": cmd_scaling, "report": cmd_report,
                 "infer": cmd_infer}[args.command](args)
+    except RunFailed as err:  # the run, not the command, went wrong: said in one line
+        code = _error(err, 1)
+        from .distributed.env import launched
+
+        if launched():  # a peer hung: tearing the process group down would wait for it
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     except (ValueError, FasttrainError) as err:  # a complaint about the input
         return _error(err, 2)
     except KeyboardInterrupt:
         print("fasttrain: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("fasttrain: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except Exception as err:  # noqa: BLE001 - the contract: a failed run is one line, exit 1
         return _run_failed(err)
     finally:
+        _drop_unused_outputs()
         from .distributed.env import shutdown
 
         shutdown()

@@ -34,6 +34,7 @@ CASES = {
     "inference_latency_chart": (kinds("inference"), kinds("ladder", "peer", "profile", "scaling")),
     "inference_accuracy_chart": (kinds("inference"), kinds("ladder", "peer", "profile",
                                                            "scaling")),
+    "long_chart": (kinds("long"), kinds("ladder", "peer", "profile", "scaling", "inference")),
 }
 
 

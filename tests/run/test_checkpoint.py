@@ -54,3 +54,34 @@ def test_export_writes_one_consolidated_file(tmp_path):
     with pytest.raises(FasttrainError, match="master_weights=True, this run master_weights=False"):
         train(wl, masters.replace(master_weights=False), steps=1, warmup=0,
               resume_from=str(tmp_path / "d"))
+
+
+def _cli_losses(capsys, *argv) -> list[float]:
+    import json
+
+    from fasttrain.cli import main
+
+    assert main(["train", "llama", "--device", "cpu", "--warmup", "0", "--json", *argv]) == 0
+    out, err = capsys.readouterr()
+    return json.loads(out)["losses"], err
+
+
+def test_resume_auto_starts_then_continues_the_newest_save(tmp_path, capsys):
+    """A job script that always says --resume auto: the first start has nothing to continue,
+    a restart continues the newest save, and the two runs make the straight run's losses."""
+    common = ["--out", str(tmp_path / "o"), "--set", "batch=4"]
+    straight, _ = _cli_losses(capsys, "--steps", "6", *common)
+    ckpt = ["--save", str(tmp_path / "c"), "--resume", "auto", *common]
+    first, said = _cli_losses(capsys, "--steps", "3", *ckpt)
+    assert f"resume: no complete save in {tmp_path / 'c'} yet: starting from step 0" in said
+    second, said = _cli_losses(capsys, "--steps", "3", *ckpt)
+    assert f"resume: continuing {tmp_path / 'c' / 'step-000003'}" in said
+    torch.testing.assert_close(torch.tensor(first + second), torch.tensor(straight),
+                               rtol=1e-6, atol=0)
+
+
+def test_resume_auto_passes_over_a_first_save_that_was_cut_off(tmp_path, capsys):
+    (tmp_path / "c" / ".step-000003.tmp").mkdir(parents=True)  # killed inside its first save
+    _, said = _cli_losses(capsys, "--steps", "1", "--save", str(tmp_path / "c"), "--resume",
+                          "auto", "--out", str(tmp_path / "o"))
+    assert "starting from step 0" in said

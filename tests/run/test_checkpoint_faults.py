@@ -2,6 +2,8 @@
 last complete one (or a one-line refusal), never a mix; periodic saves keep the newest K and
 resume exactly; SIGTERM/SIGINT save after the step under way and exit 143/130; an old-style
 folder (one save written in place) still resumes."""
+import contextlib
+import json
 import os
 import random
 import shutil
@@ -65,6 +67,21 @@ def _weights(state):
     return {k: v.detach().clone() for k, v in state.model.state_dict().items()}
 
 
+def _resume_or_refusal(reader, folder) -> int | None:
+    """What ``--resume`` makes of ``folder`` after a kill: the step of the last complete
+    checkpoint, loaded into ``reader``; or None where nothing complete is there, after checking
+    that resolving and loading both refuse in one line."""
+    try:
+        resolve(folder)
+    except FasttrainError as err:  # nothing complete: a one-line refusal
+        assert "\n" not in str(err), err
+        with pytest.raises(FasttrainError, match="no complete checkpoint|no fasttrain") as again:
+            checkpoint.load(reader, folder)
+        assert "\n" not in str(again.value)
+        return None
+    return checkpoint.load(reader, folder)
+
+
 def test_a_save_killed_anywhere_leaves_the_last_complete_checkpoint(tmp_path):
     state, reader = _state(), _state()
     base = tmp_path / "base"
@@ -91,15 +108,12 @@ def test_a_save_killed_anywhere_leaves_the_last_complete_checkpoint(tmp_path):
         else:  # into an empty folder, killed in the first half (before publishing)
             k = rng.randint(1, ops // 2)
         assert _save_killed_at(state, folder, step, k) == 9, k
-        try:
-            got = resolve(folder)
-        except FasttrainError as err:  # nothing complete: a one-line refusal
-            assert trial >= 21 and "\n" not in str(err), err
-            with pytest.raises(FasttrainError, match="no complete checkpoint|no fasttrain"):
-                checkpoint.load(reader, folder)
+        saved = _resume_or_refusal(reader, folder)
+        if saved is None:
+            assert trial >= 21, k
             seen.add("refused")
             continue
-        saved = checkpoint.load(reader, folder)  # what --resume does
+        got = resolve(folder)
         weights = _weights(reader)
         want = old if all(torch.equal(weights[n], old[n]) for n in old) else new
         assert all(torch.equal(weights[n], want[n]) for n in want), f"mixed state at {k}"
@@ -112,6 +126,122 @@ def test_a_save_killed_anywhere_leaves_the_last_complete_checkpoint(tmp_path):
         seen.add("old" if want is old else "new")
     assert seen >= {"old", "new", "refused"}, seen  # kills landed before and after publishing
     state.restore.close()
+    reader.restore.close()
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
+            "OMP_NUM_THREADS": "1"}
+
+
+def _train_2proc(folder, steps, *extra, **popen) -> subprocess.Popen:
+    """``fasttrain train llama --nproc 2 --save FOLDER`` (gloo on CPU, under torchrun), in a
+    session of its own: its process group is the launcher and torchrun."""
+    cmd = [sys.executable, "-m", "fasttrain", "train", "llama", "--size", "tiny", "--device",
+           "cpu", "--warmup", "0", "--set", "batch=8", "--nproc", "2", "--steps", str(steps),
+           "--save", str(folder), "--out", str(folder.parent / "rows"), *extra]
+    return subprocess.Popen(cmd, env=_env(), cwd=ROOT, start_new_session=True, **popen)
+
+
+def _tree(pid: int) -> set[int]:
+    """``pid`` and every process below it (psutil where installed, else /proc)."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        try:
+            return {pid} | {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            return set()
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:  # the fields after ")": state, ppid
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1]
+                                               .split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, grew = {pid}, True
+    while grew:
+        below = {p for p, pp in parents.items() if pp in found}
+        grew, found = not below <= found, found | below
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (a zombie waiting to be reaped is not)."""
+    out = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            out.add(pid)
+    return out
+
+
+def _kill_when_saving(proc, folder, delay: float, ranks_too: bool) -> set[int]:
+    """Once a save of this run is under way (its temporary step folder is there), wait
+    ``delay`` s and SIGKILL the run's process group (the launcher and torchrun; the ranks,
+    in sessions of their own, follow their parent), and with ``ranks_too`` every rank at the
+    same moment (as a node failure would: saves torn in the middle). Returns the tree's
+    processes."""
+    deadline = time.time() + 120
+    while not any(p.name.endswith(".tmp") for p in (folder.iterdir() if folder.is_dir()
+                                                    else ())):
+        assert proc.poll() is None, "the run ended before its first save"
+        assert time.time() < deadline, "no save began"
+        time.sleep(0.01)
+    time.sleep(delay)
+    pids = _tree(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for pid in pids - {proc.pid} if ranks_too else ():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    return pids
+
+
+@pytest.mark.slow
+def test_a_two_process_run_killed_while_saving_resumes_or_refuses(tmp_path):
+    """A SIGKILL of ``train --nproc 2``'s process group (launcher and torchrun; the ranks follow
+    their parent), or of every process of it at once, at a random moment inside its saves, over
+    an existing checkpoint and into an empty folder: nothing of the run is left running, and
+    resuming continues the last complete checkpoint's losses or refuses in one line."""
+    wl, recipe = load_workload("llama", "tiny"), Recipe(batch=8)
+    ref = tmp_path / "ref"  # the losses of an unbroken run, and its step-2 checkpoint
+    done = _train_2proc(ref, 34, "--save-every", "2", "--keep", "1000", "--json",
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = done.communicate(timeout=300)
+    assert done.returncode == 0, err[-2000:]
+    straight = json.loads(out)["losses"]
+    reader, rng, seen = loop.prepare(wl, recipe, torch.device("cpu"))[0], random.Random(0), []
+    for trial in range(5):
+        folder = tmp_path / f"t{trial}"
+        resume = []
+        if trial < 4:  # over an existing checkpoint: continue step 2's, saving every step
+            shutil.copytree(ref / "step-000002", folder / "step-000002")
+            resume = ["--resume", str(folder)]
+        proc = _train_2proc(folder, 30, "--save-every", "1", *resume,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pids = _kill_when_saving(proc, folder, rng.uniform(0.0, 1.5) if trial < 4 else
+                                 rng.uniform(0.0, 0.05), ranks_too=trial % 2 == 0)
+        deadline = time.time() + 30
+        while _alive(pids) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pids), f"trial {trial}: left running: {sorted(_alive(pids))}"
+        saved = _resume_or_refusal(reader, folder)
+        seen.append(saved)
+        if saved is None:
+            assert trial == 4, f"trial {trial}: step 2's checkpoint was lost"
+            continue
+        assert saved >= (2 if trial < 4 else 1), (trial, saved)
+        losses = train(wl, recipe, steps=2, warmup=0, resume_from=str(folder)).losses
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(straight[saved:saved + 2]),
+                                   rtol=1e-5, atol=0, msg=f"trial {trial}: resumed at {saved}")
+    assert any(s is not None and 2 < s < 32 for s in seen), seen  # killed mid-run
     reader.restore.close()
 
 

@@ -101,6 +101,19 @@ def test_a_hung_rank_fails_the_run_by_name_within_the_timeout():
     assert "rank 0: model built" in proc.stderr and "Ranks 1 failed to pass" in proc.stderr
 
 
+def test_a_rank_hung_inside_a_step_is_named_within_the_timeout():
+    """The waiting rank's collective times out after dist_timeout; the line names rank 1 (which
+    never reached the all-reduce), not the rank that waited, and the hung rank is ended."""
+    t0 = time.time()
+    proc = _train("tests.helpers:hang_in_step3_on_rank1", "--steps", "6",
+                  "--set", "dist_timeout=5", nproc=2, timeout=240)
+    took = time.time() - t0
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "rank 1 hung: never reached the collectives of step " in proc.stderr, proc.stderr[-2000:]
+    assert "ranks 0 waited" in proc.stderr and "Traceback" not in proc.stderr
+    assert took < 90, took  # start-up + 5 s + GRACE_S, not 5 s + torchrun's 30 s grace
+
+
 def test_ladder_rungs_under_torchrun_and_the_scaling_report(tmp_path, monkeypatch):
     proc = subprocess.run([sys.executable, "-m", "fasttrain", "ladder", "llama", "--device", "cpu",
                            "--rungs", "fp32,fused-optim", "--nproc", "2", "--steps", "2",

@@ -28,6 +28,7 @@ def test_fp16_gradscaler_and_peak_memory_on_cuda():
                 device="cuda")
     assert res.peak_allocated_gib > 0 and res.peak_reserved_gib >= res.peak_allocated_gib
     assert all(torch.isfinite(torch.tensor(res.losses)))
+    assert res.skipped_steps is not None and len(res.scaler_skips) == res.skipped_steps
 
 
 @pytest.mark.gpu

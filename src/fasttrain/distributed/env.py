@@ -3,17 +3,28 @@
 Every rank makes the same decisions: rank 0's recipe is broadcast and compared, never branched
 on per rank. A control group on gloo runs monitored barriers, which name the ranks that did not
 arrive within the timeout — a dead or hung rank fails the run in bounded time, by name.
+
+Inside the training loop a hung rank is named two ways. On the CPU (gloo) every collective
+blocks the host, so the ranks that waited see a timeout error: :func:`watched` has each of them
+post that in the job's store, and the ranks that posted nothing within :data:`GRACE_S` are the
+ones that never arrived. On CUDA the host runs ahead of NCCL's collectives and blocks nowhere,
+so :func:`step_barrier` meets the ranks at every step boundary on the control group (host only,
+no GPU sync), whose monitored barrier names the missing rank; NCCL's own timeout is set
+:data:`GRACE_S` + 30 s later, so this one line comes first.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import re
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..errors import FasttrainError
+from ..errors import FasttrainError, RunFailed
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,9 @@ class Dist:
 
 
 _CONTROL = None  # gloo group for monitored barriers (NCCL has none)
+GRACE_S = 3.0
+"""Seconds a rank that timed out in a collective waits for the others to say so too."""
+_STALLED = "fasttrain/stalled/"  # store key prefix: the ranks that timed out waiting
 
 
 def launched() -> bool:
@@ -51,7 +65,9 @@ def init(device_type: str, timeout_s: float) -> Dist:
     if not launched():
         return Dist()
     if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=timeout_s)
+        # NCCL's watchdog kills the process without naming anyone: give step_barrier the lead
+        extra = GRACE_S + 30.0 if device_type == "cuda" else 0.0
+        timeout = datetime.timedelta(seconds=timeout_s + extra)
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -72,6 +88,66 @@ def barrier(where: str, timeout_s: float) -> None:
     except RuntimeError as err:
         msg = str(err).splitlines()[0]
         raise FasttrainError(f"rank {dist.get_rank()}: {where}: {msg[:300]}") from None
+
+
+def step_barrier(step: int, timeout_s: float, device_type: str) -> None:
+    """CUDA only: all ranks reach step ``step``'s boundary, or the monitored barrier names the
+    ranks that did not (on the CPU, :func:`watched` names them)."""
+    if not (device_type == "cuda" and current().active):
+        return
+    try:
+        barrier(f"step {step}", timeout_s)
+    except FasttrainError as err:  # the run failed, not the command: exit 1, the ranks named
+        late = re.search(r"Ranks? ([\d, ]+) failed to pass", str(err))
+        if not late:
+            raise RunFailed(str(err)) from None
+        ranks = late.group(1).strip(" ,")
+        many = "," in ranks
+        raise RunFailed(f"rank{'s' if many else ''} {ranks} hung: never reached step {step} within "
+                        f"dist_timeout={timeout_s:g} s (rank {dist.get_rank()} waited); look at "
+                        f"what rank {ranks.split(',')[0]} was doing, or raise --set dist_timeout "
+                        "if it is only slow") from None
+
+
+def _timed_out(err: BaseException) -> bool:
+    text = str(err).lower()
+    return "timed out" in text or "timeout" in text
+
+
+@contextlib.contextmanager
+def watched(where: str, timeout_s: float):
+    """Collectives inside (a training step's): a collective that times out becomes one line
+    naming the ranks that never arrived (those that did not time out waiting too)."""
+    try:
+        yield
+    except RuntimeError as err:
+        if not (current().active and _timed_out(err)):
+            raise
+        raise RunFailed(_stalled(where, timeout_s, err)) from None
+
+
+def _stalled(where: str, timeout_s: float, err: BaseException) -> str:
+    """Post that this rank timed out waiting; gather who else did within GRACE_S; the line."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"{_STALLED}{rank}", where)
+        waited: set[int] = set()
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and len(waited) < world:
+            waited = {r for r in range(world) if store.check([f"{_STALLED}{r}"])}
+            time.sleep(0.1)
+    except Exception:  # noqa: BLE001 - the store is gone too: say what this rank saw
+        return f"rank {rank}: {where}: {first}"
+    hung = sorted(set(range(world)) - waited)
+    if not hung:
+        return f"rank {rank}: {where}: {first}"
+    names = ("rank " if len(hung) == 1 else "ranks ") + ", ".join(map(str, hung))
+    return (f"{names} hung: never reached the collectives of {where} within "
+            f"dist_timeout={timeout_s:g} s (ranks {', '.join(map(str, sorted(waited)))} "
+            f"waited); look at what rank {hung[0]} was doing, or raise --set "
+            "dist_timeout if it is only slow")
 
 
 def agree(name: str, value) -> None:

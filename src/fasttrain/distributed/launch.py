@@ -2,13 +2,33 @@
 
 The code path is the one a user gets by running torchrun themselves: every process runs the
 command, rank 0 reports.
+
+No process outlives the one that started it: every child fasttrain starts (torchrun, a
+ladder's rung) and every rank torchrun starts asks the kernel for SIGTERM when its parent dies
+(Linux's parent-death signal), so a SIGKILL of the top-level command ends the whole tree.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """This process gets SIGTERM when its parent dies (Linux; elsewhere nothing). Used as a
+    ``preexec_fn`` and by a rank torchrun started; a parent already gone ends it now."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if parent == 1 or os.getppid() != parent:  # orphaned before the request took hold
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def torchrun_prefix(nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None,
@@ -55,7 +75,10 @@ def relaunch(argv: list[str], nproc: int, nnodes: int = 1, rdzv_endpoint: str | 
     env = child_env(nproc=max(nproc, 2))
     cmd = torchrun_prefix(nproc, nnodes, rdzv_endpoint) + ["-m", "fasttrain",
                                                            *strip_launch_args(argv)]
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1,
+                            preexec_fn=die_with_parent)
+    relay = threading.Thread(target=_relay, args=(proc.stderr,), daemon=True)
+    relay.start()
     got: list[int] = []
 
     def forward(signum, frame):  # torchrun passes it to every rank, which save and stop
@@ -64,7 +87,25 @@ def relaunch(argv: list[str], nproc: int, nnodes: int = 1, rdzv_endpoint: str | 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = proc.wait()
+        relay.join(timeout=5)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return 128 + got[0] if got and code else code
+
+
+_AGENT_LINE = re.compile(r"^([WEI]\d{4} |Traceback \(most recent call last\))")
+
+
+def _relay(stream) -> None:
+    """The ranks' and torchrun's stderr, passed on as it comes; once a rank has said why the
+    run ended (a ``fasttrain:`` line), torchrun's own report of the same failure (its log lines
+    and its ChildFailedError traceback, which names the first rank to exit, not the cause) is
+    left out."""
+    said = quiet = False
+    for line in stream:
+        quiet = quiet or (said and bool(_AGENT_LINE.match(line)))
+        if not quiet:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        said = said or line.startswith("fasttrain: ")

@@ -12,9 +12,7 @@ the batch and mode with the most samples/s within the budget.
 from __future__ import annotations
 
 import math
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -25,6 +23,7 @@ from ..techniques import allocator
 from ..workloads import load_workload
 from ..measure.rows import make_row
 from ..run.child import ChildSpec, run_in_child
+from ..run.scratch import scratch
 
 GIB = 1024 ** 3
 
@@ -83,8 +82,8 @@ class Search:
         child = ChildSpec(job="fasttrain.fit.trial:trial_job", workload=s.workload, size=s.size,
                           device=s.device, recipe=rec.to_dict(), steps=s.steps, warmup=s.warmup,
                           data=s.data, options=s.options, budget_gib=s.budget_gib)
-        with tempfile.TemporaryDirectory(prefix="fasttrain-fit-") as tmp:
-            row = {"batch": batch, **run_in_child(child, Path(tmp), "trial",
+        with scratch("fit") as tmp:
+            row = {"batch": batch, **run_in_child(child, tmp, "trial",
                                                   extra_env=allocator.child_env(rec))}
         row["error"] = row.get("error")
         peak = _peak(row, s.device)

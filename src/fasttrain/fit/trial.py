@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import resource
 import statistics
-import tempfile
 import traceback
-from pathlib import Path
 
 from ..run.child import ChildSpec
 from ..run.loop import Observer
+from ..run.scratch import scratch
 
 GIB = 1024 ** 3
 
@@ -32,10 +31,10 @@ def _eval_and_save(state, batch) -> None:
     with torch.no_grad(), state.step_context():
         wl.loss(model, batch)
     model.train()
-    with tempfile.TemporaryDirectory() as tmp:
+    with scratch("trial") as tmp:
         torch.save({"model": model.state_dict(),
                     "optimizer": state.optimizer.state_dict() if hasattr(
-                        state.optimizer, "state_dict") else {}}, Path(tmp) / "ckpt.pt")
+                        state.optimizer, "state_dict") else {}}, tmp / "ckpt.pt")
 
 
 class _EvalSave(Observer):

@@ -5,6 +5,7 @@ that nothing of fasttrain is imported: it loads the AOTInductor package, runs ev
 image through it (``BATCH`` at a time), times batch-1 latency and throughput the way the
 inference ladder does, and saves the logits and the timings for the caller to check.
 """
+import os
 import statistics
 import sys
 import time
@@ -51,10 +52,12 @@ def main(package, images_file, out_file, batch, iters, warmup, device):
             _sync(device)
             lat.append((time.perf_counter() - c0) * 1e3)
     q = statistics.quantiles(lat, n=10) if len(lat) > 1 else lat * 9
-    torch.save({"logits": logits, "throughput": batch * iters / total,
-                "step_time_s": total / iters, "peak_gib": peak,
-                "latency_ms": {"p50": statistics.median(lat), "p90": q[8], "batch": 1}},
-               out_file)
+    got = {"logits": logits, "throughput": batch * iters / total, "step_time_s": total / iters,
+           "peak_gib": peak,
+           "latency_ms": {"p50": statistics.median(lat), "p90": q[8], "batch": 1}}
+    tmp = f"{out_file}.tmp"  # then a rename: the caller reads all of it or none
+    torch.save(got, tmp)
+    os.replace(tmp, out_file)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from ..measure.rows import make_row
-from ..measure.parity import compare
+from ..measure.parity import compare_rows
 from ..measure.steadiness import confirmed_ratio, needs_another
 from ..recipe import Recipe
 from ..run.child import ChildSpec, run_in_child
@@ -99,7 +99,7 @@ def _rerun(spec, env, workdir, best, ref, n: int) -> dict:
     again.update(wall_s=time.perf_counter() - t0, env=env)
     if not again.get("error"):
         again = finish_row(again, ref, recipe.precision)
-        again["parity"] = {**compare(again["losses"], best["losses"], recipe.precision),
+        again["parity"] = {**compare_rows(again, best, recipe.precision),
                            "against": best["rung"]}
     return again
 

@@ -1,17 +1,16 @@
 """Run a ladder: each rung in its own process, rows appended as they finish, parity vs fp32."""
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Callable
 
 from ..errors import FasttrainError
 from ..measure.env import environment
-from ..measure.parity import compare
+from ..measure.parity import compare_rows
 from ..recipe import Recipe
 from ..run.loop import load_dataset
+from ..run.scratch import scratch
 from ..techniques import unmet_requirements
 from ..workloads import load_workload
 from ..measure.rows import make_row
@@ -39,7 +38,7 @@ def _check(row: dict, rung: Rung, ref: dict | None, prev: dict | None, recipe: R
         return row
     against = prev if rung.parity == "previous" else ref
     if against is not ref and row.get("parity"):
-        row["parity"] = {**compare(row["losses"], against["losses"], recipe.precision),
+        row["parity"] = {**compare_rows(row, against, recipe.precision),
                          "against": against["rung"]}
     return row
 
@@ -85,8 +84,7 @@ def run_ladder(spec: LadderSpec, on_row: Callable[[dict, int, int], None] | None
     # with tie-breakers, which the count leaves out)
     total = len(plan) + (len(search.axes) if search else 0) + (
         (4 if spec.confirm else 1) if spec.peer else 0)
-    with tempfile.TemporaryDirectory(prefix="fasttrain-ladder-") as tmp:
-        workdir = Path(tmp)
+    with scratch("ladder") as workdir:
         i = -1
         while i + 1 < len(plan):
             i += 1

@@ -8,14 +8,14 @@ first mode's with the precision-aware parity tolerance.
 """
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 from ..measure.env import environment
 from ..recipe import Recipe
-from ..measure.parity import compare
+from ..measure.parity import compare_rows
 from ..measure.rows import append_row, make_row
+from ..run.scratch import scratch
 from .spec import LadderSpec, run_rung
 
 
@@ -24,7 +24,7 @@ def run_scaling(workload: str, size: str, recipe: Recipe, worlds: list[int], mod
                 out: Path | None = None, on_row: Callable[[dict], None] | None = None,
                 timeout: float | None = None) -> list[dict]:
     env, rows, best_single = environment(device), [], None
-    with tempfile.TemporaryDirectory(prefix="fasttrain-scaling-") as tmp:
+    with scratch("scaling") as tmp:
         for world in sorted(worlds):
             ref = None  # the world's first mode that ran: the others must match its losses
             for mode in (["none"] if world == 1 else modes):
@@ -33,7 +33,7 @@ def run_scaling(workload: str, size: str, recipe: Recipe, worlds: list[int], mod
                                   device=device, nproc=world, rung_timeout=timeout)
                 name = f"w{world}-{mode}"
                 row = make_row("scaling", workload, size, name,
-                               **{**run_rung(spec, name, rec, Path(tmp)), "world_size": world,
+                               **{**run_rung(spec, name, rec, tmp), "world_size": world,
                                   "sharding": mode, "recipe": rec.to_dict(),
                                   "per_gpu_batch": per_gpu_batch, "env": env})
                 if not row.get("error"):
@@ -45,7 +45,7 @@ def run_scaling(workload: str, size: str, recipe: Recipe, worlds: list[int], mod
                     if ref is None:
                         ref = row
                     else:  # the sharding modes at one world size must train the same model
-                        row["parity"] = {**compare(row["losses"], ref["losses"], rec.precision),
+                        row["parity"] = {**compare_rows(row, ref, rec.precision),
                                          "against": ref["rung"]}
                 rows.append(row)
                 if out:

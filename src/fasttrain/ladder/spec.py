@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..measure.parity import compare
+from ..measure.parity import compare_rows, unrecovered
 from ..measure.rows import append_row
 from ..recipe import Recipe
 from ..run.child import ChildSpec, run_in_child
@@ -48,7 +48,7 @@ def finish_row(row: dict, ref: dict | None, precision: str) -> dict:
     """Parity against the reference rung; TFLOP/s from the reference's FLOP count."""
     if row.get("error") or row.get("skipped") or not ref or ref.get("error"):
         return row
-    row["parity"] = compare(row["losses"], ref["losses"], precision)
+    row["parity"] = compare_rows(row, ref, precision)
     if ref.get("model_flops"):
         flops = ref["model_flops"] * row["batch"] / ref["batch"]
         row["probe_flops"], row["model_flops"] = row.get("model_flops"), flops
@@ -74,8 +74,12 @@ def mark_effect(row: dict, changes: dict[str, Any]) -> dict:
     return row
 
 
-def speedup(row: dict, ref: dict) -> float:
-    """Items a second of ``row`` over the reference's (step times scaled by the batches)."""
+def speedup(row: dict, ref: dict) -> float | None:
+    """Items a second of ``row`` over the reference's (step times scaled by the batches); None
+    for a run whose loss went NaN/inf and did not recover (skipped optimizer steps are not a
+    speed-up)."""
+    if unrecovered(row.get("losses") or [], row.get("scaler_skips")) is not None:
+        return None
     return ref["step_time_s"] / row["step_time_s"] * row["batch"] / ref["batch"]
 
 

@@ -3,14 +3,18 @@
 Every file fasttrain writes for a reader (a result row file's new line, a checkpoint's metadata,
 a compile cache, a recipe, a synthetic data set) goes through :func:`write_atomic`,
 :func:`append_line` or, for a folder of files, :func:`write_folder_atomic`: a crash, a kill or
-a full disk leaves the old file or the whole new one, never a part.
+a full disk leaves the old file or the whole new one, never a part. A full disk (or quota) is
+raised as :class:`~fasttrain.errors.DiskFullError`, naming the file and the bytes it needed.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable, Iterator, Union
+
+from ..errors import disk_full
 
 Content = Union[str, bytes, Callable[[Path], None]]
 """Text, bytes, or a function that writes the file at the path it is given (numpy's
@@ -25,17 +29,19 @@ def write_atomic(path: str | Path, data: Content) -> Path:
     rename: readers see the old file or the whole new one. Returns ``path``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        if callable(data):
-            data(tmp)
-        else:
-            with open(tmp, "wb") as f:
-                f.write(data if isinstance(data, bytes) else data.encode())
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only left when the write failed
+    raw = None if callable(data) else data if isinstance(data, bytes) else data.encode()
+    with _no_room_is(path, None if raw is None else len(raw)):
+        try:
+            if callable(data):
+                data(tmp)
+            else:
+                with open(tmp, "wb") as f:
+                    f.write(raw)
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)  # only left when the write failed
     return path
 
 
@@ -49,28 +55,55 @@ def write_folder_atomic(folder: str | Path, fill: Callable[[Path], None]) -> Pat
         return folder
     tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        fill(tmp)
-        (tmp / COMPLETE).touch()
+    with _no_room_is(folder, None):
+        tmp.mkdir(parents=True)
         try:
-            tmp.rename(folder)
-        except OSError:  # another process renamed its complete copy into place first
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            fill(tmp)
+            (tmp / COMPLETE).touch()
+            try:
+                tmp.rename(folder)
+            except OSError:  # another process renamed its complete copy into place first
+                pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 
 def append_line(path: str | Path, line: str) -> None:
-    """Append one line (a result row), flushed and fsynced: a crash later never loses it, and
-    one ``write`` of one line keeps lines from parallel writers whole."""
+    """Append one line (a result row), fsynced: a crash later never loses it, and one ``write``
+    of one line (``O_APPEND``) keeps lines from parallel writers whole. A write that fails part
+    way (a full disk) cuts the file back to its old length: never a torn line."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(line.rstrip("\n") + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    data = (line.rstrip("\n") + "\n").encode()
+    with _no_room_is(path, len(data)):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            before = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:  # a short write (the disk filling up) goes on where it stopped
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, before)  # the file as it was: no half line
+                raise
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _no_room_is(path: Path, needed: int | None) -> Iterator[None]:
+    """An ``OSError`` of a full disk or quota inside the block becomes a one-line
+    :class:`~fasttrain.errors.DiskFullError` naming ``path`` and the ``needed`` bytes."""
+    try:
+        yield
+    except OSError as err:
+        full = disk_full(err, path, needed)
+        if full is None:
+            raise
+        raise full from err
 
 
 def cache_root() -> Path:

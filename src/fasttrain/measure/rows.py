@@ -11,15 +11,17 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..errors import DiskFullError
 from .files import append_line
 
 KINDS = ("train", "ladder", "peer", "ratio", "fast", "profile", "fit", "scaling", "kernel",
-         "inference")
+         "inference", "long")
 """``train``: one ``fasttrain train`` run; ``ladder``: one rung; ``peer``: PyTorch best practice
 on the public code; ``ratio``: ours against the peer, confirmed by repeats; ``fast``: the fast
 search's verdict; ``profile``: a profiled run with its breakdown; ``fit``: one batch-size trial;
 ``scaling``: one world size and sharding mode; ``kernel``: a kernel micro-benchmark;
-``inference``: one inference rung."""
+``inference``: one inference rung; ``long``: one switch of a long-run parity check (``ladder
+--long``), its loss curve against the bf16-mixed baseline's."""
 
 IDENTITY_KEYS = ("kind", "workload", "size", "rung")
 """What a row is about; every row has them (``rung`` may be None)."""
@@ -75,10 +77,20 @@ def strict(value: Any) -> Any:
 
 def append_row(path: str | Path, row: dict[str, Any]) -> None:
     """One strict-JSON line appended, flushed and fsynced: a crash later never loses a finished
-    row. Non-finite numbers are written as null (:func:`strict`)."""
+    row. Non-finite numbers are written as null (:func:`strict`). A row that finds the disk full
+    is not lost: it is printed on stdout, as its JSON line under a note, before the
+    :class:`~fasttrain.errors.DiskFullError` goes on."""
     if row.get("kind") not in KINDS:
         raise RowError(f"row without a known kind: {str(row)[:80]}")
-    append_line(path, json.dumps(strict(row), allow_nan=False))
+    line = json.dumps(strict(row), allow_nan=False)
+    try:
+        append_line(path, line)
+    except DiskFullError as err:
+        why = "the disk quota is exceeded" if err.quota else "the disk is full"
+        print(f"fasttrain: this row was not saved to {err.path} ({why}); here it is, as one "
+              "JSON line:", flush=True)
+        print(line, flush=True)
+        raise
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:

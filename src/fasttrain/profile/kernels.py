@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from ..measure.files import write_atomic
 from ..run.loop import Observer
 from ..techniques.base import TrainState
 
@@ -183,9 +184,15 @@ class KernelProfiler(Observer):
         raw = self.trace_dir / f"trace-{os.getpid()}.json"
         prof.export_chrome_trace(str(raw))
         gz = raw.with_name("trace.pt.trace.json.gz")
-        with open(raw, "rb") as src, gzip.open(gz, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        raw.unlink()
+
+        def compress(tmp: Path) -> None:
+            with open(raw, "rb") as src, gzip.open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+
+        try:
+            write_atomic(gz, compress)  # a full disk leaves no half trace behind
+        finally:
+            raw.unlink(missing_ok=True)
         self.trace = {"path": str(gz), "mb": gz.stat().st_size / 1e6}
 
     def end(self, step: int) -> None:

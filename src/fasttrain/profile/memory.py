@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ..measure.files import write_atomic
 from ..run.loop import Observer
 from ..techniques.base import TrainState
 
@@ -117,7 +118,7 @@ class MemoryWatch(Observer):
                    **self._churn())
         if self.snapshot is not None:
             self.snapshot.parent.mkdir(parents=True, exist_ok=True)
-            torch.cuda.memory._dump_snapshot(str(self.snapshot))
+            write_atomic(self.snapshot, lambda tmp: torch.cuda.memory._dump_snapshot(str(tmp)))
             torch.cuda.memory._record_memory_history(enabled=None)
             out["snapshot"] = {"path": str(self.snapshot), "mb": self.snapshot.stat().st_size / 1e6}
         return out

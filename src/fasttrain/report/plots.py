@@ -363,6 +363,44 @@ def inference_accuracy_chart(rows: list[dict]) -> Figure | None:
     return fig
 
 
+def long_chart(rows: list[dict]) -> Figure | None:
+    """Long-run parity: each run's loss as a mean over windows of the run (the curves the
+    verdict compares), baselines in grey; beside them each switch's relative distance from its
+    baseline window by window, with the tolerances."""
+    from ..measure.curves import WINDOWS, window_means
+
+    runs = [r for r in rows if r.get("kind") == "long" and len(r.get("losses") or []) >= WINDOWS]
+    if not runs:
+        return None
+    fig, axes = _figure(12.0, 4.5, ncols=2)
+    refs = {}
+    for r in runs:
+        w = window_means(r["losses"], WINDOWS)
+        x = [(i + 0.5) * len(r["losses"]) / WINDOWS for i in range(WINDOWS)]
+        label = f"{r.get('workload')} {r['rung']}" + (f" ({r['slot']})" if r.get("slot") else "")
+        base = not r.get("curve") or r["curve"].get("passed") is None
+        axes[0].plot(x, w, label=label, color=GREY if base else None, lw=2.5 if base else 1.2,
+                     alpha=0.6 if base else 1.0)
+        key = (r.get("workload"), r.get("slot"))
+        if r["rung"] == "bf16-mixed":
+            refs[key] = w
+        elif not base and key in refs:
+            dev = [abs(a - b) / abs(b) for a, b in zip(w, refs[key])]
+            axes[1].plot(x, dev, label=label, lw=1.2)
+    tols = {(r["curve"].get("tolerance") or {}).get("final") for r in runs if r.get("curve")}
+    for tol in sorted(tols - {None}):
+        axes[1].axhline(tol, ls=":", color=GREY)
+        axes[1].text(0, tol, f"allowed {tol:.1%}", fontsize=7, va="bottom", color=GREY)
+    axes[0].set(xlabel="step", ylabel=f"mean loss over 1/{WINDOWS} of the run",
+                title="long-run loss curves (baselines grey)")
+    axes[1].set(xlabel="step", ylabel="|switch − baseline| / baseline",
+                title="distance from the baseline, window by window")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return fig
+
+
 @dataclass(frozen=True)
 class Chart:
     """One chart of the report: its title, what it draws, and the rows it needs."""
@@ -377,6 +415,7 @@ CHARTS = (
     Chart("step breakdown", breakdown_chart, "profile rows (or ladder rows with phases)"),
     Chart("memory", memory_chart, "profile rows or rows with peak memory"),
     Chart("kernel categories", kernel_chart, "profile rows with GPU kernels"),
+    Chart("long-run loss curves", long_chart, "long rows (ladder --long)"),
     Chart("scaling", scaling_chart, "scaling rows"),
     Chart("inference throughput", inference_throughput_chart, "inference rows"),
     Chart("inference latency", inference_latency_chart, "inference rows with latency"),

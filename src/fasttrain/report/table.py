@@ -15,6 +15,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..measure.parity import unrecovered
+
 COLUMNS = ("rung", "batch", "ms/step", "spread", "throughput", "peak GiB", "TFLOP/s", "MFU",
            "speed-up", "parity", "comment")
 NARROW = ("rung", "batch", "ms/step", "throughput", "peak GiB", "speed-up", "parity")
@@ -104,9 +106,12 @@ def row_cells(row: dict, refs: list[int] | None = None) -> list[str]:
 
 def _speedup(row: dict) -> str:
     """Against the base; "no effect" where the rung's own switches matched nothing (its time
-    is the rung before's plus noise: ladder.spec.mark_effect)."""
+    is the rung before's plus noise: ladder.spec.mark_effect); none where the loss went NaN/inf
+    and did not recover (a row written before ladder.spec.speedup withheld it)."""
     if row.get("effect") == "none":
         return "no effect"
+    if unrecovered(row.get("losses") or [], row.get("scaler_skips")) is not None:
+        return "–"
     if on_cpu(row):  # a ratio of CPU timings says nothing about the GPU it is meant for
         return "–"
     return _num(row.get("speedup"), ".2f") + ("×" if row.get("speedup") else "")

@@ -38,7 +38,14 @@ def _loss(row: dict) -> str:
     losses = row.get("losses") or []
     if not losses:
         return "–"
-    return f"{losses[0]:.4g} → {losses[-1]:.4g} over {len(losses)} steps (warm-up included)"
+    skipped = row.get("skipped_steps")
+    note = f"; the GradScaler skipped {skipped}" if skipped else ""
+    return (f"{_num(losses[0])} → {_num(losses[-1])} over {len(losses)} steps (warm-up "
+            f"included{note})")
+
+
+def _num(x: float | None) -> str:
+    return "NaN/inf" if x is None else f"{x:.4g}"
 
 
 def train_summary(row: dict, path: str | None = None, defaults: dict | None = None) -> Group:

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from ..distributed import env as dist_env
 from ..errors import FasttrainError, describe_error
+from ..measure.files import write_atomic
 from ..techniques.base import TrainState
 from ..techniques.optimizer import continue_schedule, schedule_record
 from . import step_folders
@@ -167,6 +168,20 @@ def resolve(folder: str | Path) -> Path:
     return step_folders.resolve(folder, _whole)
 
 
+def latest(folder: str | Path) -> Path | None:
+    """The newest complete save of a ``--save`` folder, or None where it holds none yet (it does
+    not exist, is empty, or its only saves were cut off): ``--resume auto``'s choice."""
+    folder = Path(folder)
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return None
+    try:
+        return resolve(folder)
+    except FasttrainError:
+        if step_folders.step_folders(folder) or not (folder / step_folders.META).is_file():
+            return None  # only cut-off saves, or nothing of fasttrain's: nothing to continue
+        raise
+
+
 class _SafeReader(FileSystemReader):
     """DCP's file reader with the metadata read through the restricted unpickler."""
 
@@ -278,8 +293,7 @@ def export(folder: str | Path, file: str | Path) -> Path:
     folder = resolve(folder)
     full: dict = {}  # what dcp_to_torch_save does, through the safe reader and planner
     _dcp_load(full, folder, _SafeExportPlanner(), whole=True)
-    torch.save(full, file)
-    return Path(file)
+    return write_atomic(file, lambda tmp: torch.save(full, tmp))  # never a half file
 
 
 def model_weights(folder: str | Path, workload=None) -> dict[str, torch.Tensor]:

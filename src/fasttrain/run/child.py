@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import signal
 import subprocess
 import sys
 import traceback
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..distributed.launch import child_env, torchrun_prefix
+from ..distributed.launch import child_env, die_with_parent, torchrun_prefix
 from ..errors import FasttrainError, describe_error
 from ..measure.files import write_atomic
 
@@ -88,7 +89,12 @@ def run_job(spec: ChildSpec) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from ..distributed.env import current, shutdown
+    from ..distributed.env import current, launched, shutdown
+
+    if launched():  # a rank: ends with torchrun (which ends with the ladder that started it)
+        die_with_parent()
+    # SIGTERM (the ladder ending, torchrun stopping the ranks) unwinds: temporary folders go
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     spec = ChildSpec.from_json(Path(argv[0]).read_text())
     row = run_job(spec)
@@ -110,21 +116,29 @@ def _wait(args: list[str], timeout: float | None, log: Path,
     prefix = torchrun_prefix(nproc) if nproc > 1 else [sys.executable]
     with open(log, "w") as logf:
         proc = subprocess.Popen([*prefix, "-m", __name__, *args], stdout=logf,
-                                stderr=subprocess.STDOUT, env=env)
+                                stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.terminate()  # torchrun forwards SIGTERM to its workers and waits for them
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _end(proc)
             return f"timed out after {timeout:.0f} s"
+        except BaseException:  # Ctrl-C, SIGTERM: the rung under way ends with us
+            _end(proc)
+            raise
     if proc.returncode != 0:
         tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:]
         return f"process exited with {proc.returncode}: {tail[0][:200] if tail else ''}"
     return None
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """SIGTERM (torchrun forwards it to its workers and waits for them), SIGKILL after 60 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def run_in_child(spec: ChildSpec, workdir: Path, name: str, timeout: float | None = None,

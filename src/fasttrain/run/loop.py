@@ -20,12 +20,13 @@ import torch
 from ..measure.env import device_peak
 from ..errors import FasttrainError
 from ..measure.flops import flop_counter, gqa_flop_formulas
+from ..measure.parity import unrecovered
 from ..recipe import Recipe
 from ..distributed import env as dist_env
 from ..techniques import (TrainState, apply_after_probe, apply_before_probe, build_model,
                           finish_all, prepare_process, probe_contexts, unmet_requirements)
 from ..workloads.base import UNITS, Batch, Workload
-from . import checkpoint
+from . import checkpoint, scaler_skips
 from .saving import Saver
 from .data import DevicePrefetcher, HostBatches, SlotPrefetcher, make_loader, to_device
 from .graphs import GraphedStep
@@ -64,6 +65,10 @@ class RunResult:
     spread: dict[str, Any] | None = None  # steadiness.spread of step_times_s
     no_effect: dict[str, str] = field(default_factory=dict)  # switches that matched nothing
     lrs: list[float] | None = None  # the learning rate of every step, warm-up included
+    # fp16-mixed: the optimizer steps the GradScaler skipped (inf/NaN gradients), warm-up and
+    # timed steps together; None without a GradScaler
+    skipped_steps: int | None = None
+    scaler_skips: list[int] = field(default_factory=list)  # their steps, numbered as losses
 
     def to_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +76,12 @@ class RunResult:
     def first_nonfinite(self) -> int | None:
         """The first step (1-based, warm-up included) whose loss is NaN or inf, else None."""
         return next((i + 1 for i, x in enumerate(self.losses) if not math.isfinite(x)), None)
+
+    def failed_step(self) -> int | None:
+        """The first non-finite loss the run did not recover from (1-based), else None: under
+        fp16-mixed a step the GradScaler skipped is excused when the last loss is finite
+        (:func:`fasttrain.measure.parity.unrecovered`)."""
+        return unrecovered(self.losses, self.scaler_skips)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -158,6 +169,9 @@ class _Stepper:
     def __init__(self, state: TrainState, timer: PhaseTimer):
         self.s, self.timer = state, timer
         self.count: torch.Tensor | None = None  # this step's global item count (ItemCounter)
+        # fp16-mixed: one 0-dim device flag a step, 1.0 where the GradScaler skipped it; read
+        # once after the run (no host sync inside the loop)
+        self.skips: list[torch.Tensor] | None = []
         self.params = [p for p in state.trainable.parameters() if p.requires_grad]
         # an optimizer that clips inside its step (optimizer_impl=triton) takes it from here
         self.clip = bool(state.recipe.grad_clip) and not getattr(state.optimizer,
@@ -223,6 +237,7 @@ class _Stepper:
             s.ema.before_optimizer()
         if s.scaler:
             s.scaler.step(s.optimizer)
+            self._note_skip()
             s.scaler.update()
         else:
             s.optimizer.step()
@@ -230,6 +245,14 @@ class _Stepper:
             s.scheduler.step()
         s.optimizer.zero_grad(set_to_none=True)
         return total
+
+    def _note_skip(self) -> None:
+        """Between ``scaler.step`` and ``scaler.update``: whether this step was skipped."""
+        flag = scaler_skips.step_flag(self.s.scaler, self.s.optimizer, self.s.device)
+        if flag is None or self.skips is None:
+            self.skips = None  # this torch's GradScaler keeps no flags: the count is unknown
+        else:
+            self.skips.append(flag)
 
 
 def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_steps: int = 0):
@@ -375,25 +398,31 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
     # replays, so with CUDA graphs the peak is taken over warm-up and capture too.
     reset_at = 0 if r.cuda_graphs else warmup
     for i in range(warmup + steps):
-        if i == reset_at and dev.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats(dev)
-        if i == warmup:
-            warmup_s, host_wait = time.perf_counter() - t0, 0.0
-        timer.step()
-        for obs in observers:
-            obs.begin(i)
-        timer.mark("data")
-        h0 = time.perf_counter()
-        micro = next(it)
-        host_wait += time.perf_counter() - h0
-        stepper.count = counter(micro)  # items in the global batch
-        counts.append(stepper.count)
-        losses.append(stepper(micro))
-        for obs in observers:
-            obs.end(i)
-        if saver is not None:  # a step boundary: the data position is start_step + i + 1
-            saver.after_step(state, start_step + i + 1, timer.pause)
+        step = start_step + i + 1
+        with dist_env.watched(f"step {step}", r.dist_timeout) if d.active else \
+                contextlib.nullcontext():
+            # first, before anything that waits for the GPU (a synchronize, a pageable copy),
+            # which a collective of a hung rank would block: the ranks meet, or are named
+            dist_env.step_barrier(step, r.dist_timeout, dev.type)
+            if i == reset_at and dev.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats(dev)
+            if i == warmup:
+                warmup_s, host_wait = time.perf_counter() - t0, 0.0
+            timer.step()
+            for obs in observers:
+                obs.begin(i)
+            timer.mark("data")
+            h0 = time.perf_counter()
+            micro = next(it)
+            host_wait += time.perf_counter() - h0
+            stepper.count = counter(micro)  # items in the global batch
+            counts.append(stepper.count)
+            losses.append(stepper(micro))
+            for obs in observers:
+                obs.end(i)
+            if saver is not None:  # a step boundary: the data position is step
+                saver.after_step(state, step, timer.pause)
     timer.finish()
     if warmup == 0:
         warmup_s = 0.0
@@ -404,7 +433,12 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
     # Items per second: the mean items of a timed step over the median step time, the same
     # statistic as ms/step (with constant counts exactly items per step / ms per step).
     rate = float(torch.stack(counts[warmup:]).mean()) / statistics.median(totals)
-    return _summarise(state, totals, phases, losses, flops, warmup_s, host_wait / steps, rate)
+    res = _summarise(state, totals, phases, losses, flops, warmup_s, host_wait / steps, rate)
+    if state.scaler is not None:
+        res.skipped_steps, res.scaler_skips, note = scaler_skips.read(stepper.skips,
+                                                                      len(losses))
+        res.warnings += [note] if note else []
+    return res
 
 
 def _summarise(state, totals, phases, losses, flops, warmup_s, host_wait, rate) -> RunResult:
