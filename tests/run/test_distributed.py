@@ -93,6 +93,20 @@ def test_checkpoint_round_trip_across_world_sizes_and_export(tmp_path, single):
     assert "embed_tokens.weight" in weights and weights["embed_tokens.weight"].shape == (512, 64)
 
 
+def test_zero1_checkpoints_resume_each_ranks_optimizer_partition(tmp_path):
+    """zero1 keeps 1/N of the AdamW state per rank; saved by parameter name, every rank reads
+    back its own partition, and the resumed run continues the straight one."""
+    zero1 = ["--set", "batch=8", "--set", "sharding=zero1"]
+    straight = _losses(_train("llama", "--steps", "6", *zero1, nproc=2))
+    ckpt = tmp_path / "ckpt"
+    first = _losses(_train("llama", "--steps", "3", *zero1, "--save", str(ckpt), nproc=2))
+    second = _losses(_train("llama", "--steps", "3", *zero1, "--resume", str(ckpt), nproc=2))
+    torch.testing.assert_close(torch.tensor(first + second), torch.tensor(straight),
+                               rtol=1e-5, atol=0)
+    alone = _train("llama", "--steps", "1", "--set", "batch=8", "--resume", str(ckpt))
+    assert alone.returncode == 2 and "optimizer state is sharded by zero1" in alone.stderr
+
+
 def test_a_hung_rank_fails_the_run_by_name_within_the_timeout():
     t0 = time.time()
     proc = _train("tests.helpers:hang_on_rank1", "--steps", "1", "--set", "dist_timeout=5",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fasttrain import cli
+from fasttrain.cli import common
 from fasttrain.cli import main
 from fasttrain.errors import DiskFullError, disk_full
 from fasttrain.measure import files
@@ -255,16 +255,16 @@ def test_two_commands_in_the_same_second_get_two_files(tmp_path, monkeypatch):
         def now(cls, tz=None):
             return datetime.datetime(2026, 11, 26, 12, 0, 0)
 
-    monkeypatch.setattr(cli.datetime, "datetime", Frozen)
+    monkeypatch.setattr(common.datetime, "datetime", Frozen)
     args = argparse.Namespace(out=str(tmp_path), workload="tests.helpers:tiny")
-    first, second, third = (cli._out_path(args, "ladder", "tiny") for _ in range(3))
+    first, second, third = (common._out_path(args, "ladder", "tiny") for _ in range(3))
     assert first.name == "ladder-tests_helpers_tiny-tiny-20261126-120000.jsonl"
     assert second.name == "ladder-tests_helpers_tiny-tiny-20261126-120000-2.jsonl"
     assert third.name == "ladder-tests_helpers_tiny-tiny-20261126-120000-3.jsonl"
-    folders = [cli._out_path(args, "profile", "tiny", suffix="") for _ in range(2)]
+    folders = [common._out_path(args, "profile", "tiny", suffix="") for _ in range(2)]
     assert [f.name for f in folders] == ["profile-tests_helpers_tiny-tiny-20261126-120000",
                                          "profile-tests_helpers_tiny-tiny-20261126-120000-2"]
     assert all(f.is_dir() for f in folders)
     append_line(second, "{}")
-    cli._drop_unused_outputs()  # what the command made and left empty goes
+    common._drop_unused_outputs()  # what the command made and left empty goes
     assert [p.name for p in tmp_path.iterdir()] == [second.name]

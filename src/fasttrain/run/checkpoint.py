@@ -26,7 +26,8 @@ import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from ..distributed import env as dist_env
@@ -34,15 +35,15 @@ from ..errors import FasttrainError, describe_error
 from ..measure.files import write_atomic
 from ..techniques.base import TrainState
 from ..techniques.optimizer import continue_schedule, schedule_record
-from . import step_folders
+from . import step_folders, zero1_state
 from .step_folders import DCP_META, META
 
 
 def check(state: TrainState) -> None:
     """Refuse what save/resume cannot handle, before any step runs."""
-    if not isinstance(state.optimizer, torch.optim.Optimizer) or state.zero1:
-        raise FasttrainError("checkpoints need a plain or FSDP2-sharded optimizer; offload, "
-                             "bf16-true's master_weights and zero1 are not supported for "
+    if not isinstance(state.optimizer, torch.optim.Optimizer):
+        raise FasttrainError("checkpoints need a plain, zero1- or FSDP2-sharded optimizer; "
+                             "offload and bf16-true's master_weights are not supported for "
                              "save/resume yet")
 
 
@@ -70,11 +71,18 @@ def _masters(state: TrainState) -> dict[str, torch.Tensor]:
             for name, p in state.model.named_parameters(remove_duplicate=False) if id(p) in by_id}
 
 
-def _state(state: TrainState) -> dict:
-    model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
-    masters = _masters(state)
-    model_sd = {k: masters.get(k, v) for k, v in model_sd.items()}
-    out = {"model": model_sd, "optim": optim_sd}
+def _state(state: TrainState, meta: dcp_metadata.Metadata | None = None) -> dict:
+    """What a checkpoint holds (``meta``: the checkpoint being loaded, whose zero1 entries
+    this rank reads are allocated from it)."""
+    if state.zero1:  # each rank its own partition's entries, by parameter name
+        out = {"model": get_model_state_dict(state.model),
+               zero1_state.PREFIX: zero1_state.saved(state.model, state.optimizer) if meta is None
+               else zero1_state.targets(state.model, state.optimizer, meta)}
+    else:
+        model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
+        masters = _masters(state)
+        model_sd = {k: masters.get(k, v) for k, v in model_sd.items()}
+        out = {"model": model_sd, "optim": optim_sd}
     if state.ema is not None:
         out["ema"] = {f"{i}": t for i, t in enumerate(state.ema.shadow)}
     return out
@@ -98,7 +106,7 @@ def save(state: TrainState, folder: str | Path, step: int, keep: int = 0) -> Pat
         meta = {"step": step, "recipe": state.recipe.to_dict(),
                 "workload": [state.workload.name, state.workload.size],
                 "schedule": schedule_record(state.scheduler),
-                "world": dist_env.current().world}
+                "world": dist_env.current().world, "zero1": state.zero1}
         published = step_folders.publish(root, step_folders.temp_folder(root, step), step,
                                          json.dumps(meta))
         if keep:
@@ -264,7 +272,13 @@ def load(state: TrainState, folder: str | Path) -> int:
         if key in saved and saved[key] != now[key]:
             raise FasttrainError(f"resume: the checkpoint has {key}={saved[key]!r}, this run "
                                  f"{key}={now[key]!r}")
-    target = _state(state)
+    was_zero1 = bool(meta.get("zero1"))
+    if was_zero1 != state.zero1:  # the optimizer state's layout: by name per rank, or DCP's
+        raise FasttrainError(f"resume: the checkpoint's optimizer state is "
+                             f"{'sharded by' if was_zero1 else 'not sharded by'} zero1, this "
+                             f"run's {'is' if state.zero1 else 'is not'}: resume it with "
+                             f"{'--nproc 2 or more and sharding=zero1' if was_zero1 else 'sharding=' + str(saved.get('sharding', 'auto'))}")
+    target = _state(state, _read_metadata(folder / DCP_META) if state.zero1 else None)
     try:
         _dcp_load(target, folder, _SafePlanner())
     except (RuntimeError, KeyError, ValueError) as err:  # a checkpoint of another model
@@ -276,8 +290,12 @@ def load(state: TrainState, folder: str | Path) -> int:
     # optimizer_impl runs slower) and lr (this run's schedule sets it, below)
     kept_keys = ("fused", "foreach", "capturable", "lr", "initial_lr")
     kept = [{k: g[k] for k in kept_keys if k in g} for g in state.optimizer.param_groups]
-    set_state_dict(state.model, state.optimizer, model_state_dict=target["model"],
-                   optim_state_dict=target["optim"])
+    if state.zero1:
+        set_model_state_dict(state.model, target["model"])
+        zero1_state.restore(state.model, state.optimizer, target[zero1_state.PREFIX])
+    else:
+        set_state_dict(state.model, state.optimizer, model_state_dict=target["model"],
+                       optim_state_dict=target["optim"])
     for group, mine in zip(state.optimizer.param_groups, kept):
         group.update(mine)
     if state.ema is not None:
