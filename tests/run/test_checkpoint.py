@@ -14,7 +14,11 @@ from fasttrain.workloads import load_workload
                                     # bf16 weights: their fp32 masters come back from the
                                     # optimizer state (the one-launch AdamW, interpreted)
                                     Recipe(batch=4, precision="bf16-mixed", ema="foreach",
-                                           optimizer_impl="triton", master_weights=True)])
+                                           optimizer_impl="triton", master_weights=True),
+                                    # the shadow optimizer: its fp32 copies and their AdamW
+                                    # state, saved by the weights' names
+                                    Recipe(batch=4, offload="optimizer"),
+                                    Recipe(batch=4, precision="bf16-true", master_weights=True)])
 def test_resume_continues_the_straight_run(tmp_path, recipe):
     wl = load_workload("llama", "tiny")
     straight = train(wl, recipe, steps=6, warmup=0).losses
@@ -34,8 +38,10 @@ def test_resume_refuses_a_different_batch_and_unsupported_recipes(tmp_path):
     train(wl, Recipe(batch=8), steps=1, warmup=0, save_to=str(tmp_path / "c"))
     with pytest.raises(FasttrainError, match="batch=8"):
         train(wl, Recipe(batch=4), steps=1, warmup=0, resume_from=str(tmp_path / "c"))
-    with pytest.raises(FasttrainError, match="not supported for save/resume"):
-        train(wl, Recipe(offload="optimizer"), steps=1, warmup=0, save_to=str(tmp_path / "d"))
+    train(wl, Recipe(batch=8, offload="optimizer"), steps=1, warmup=0,
+          save_to=str(tmp_path / "d"))
+    with pytest.raises(FasttrainError, match="optimizer state is an offloaded or master-weight"):
+        train(wl, Recipe(batch=8), steps=1, warmup=0, resume_from=str(tmp_path / "d"))
     with pytest.raises(FasttrainError, match="no fasttrain checkpoint"):
         train(wl, Recipe(), steps=1, warmup=0, resume_from=str(tmp_path / "missing"))
 

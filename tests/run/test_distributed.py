@@ -104,7 +104,7 @@ def test_zero1_checkpoints_resume_each_ranks_optimizer_partition(tmp_path):
     torch.testing.assert_close(torch.tensor(first + second), torch.tensor(straight),
                                rtol=1e-5, atol=0)
     alone = _train("llama", "--steps", "1", "--set", "batch=8", "--resume", str(ckpt))
-    assert alone.returncode == 2 and "optimizer state is sharded by zero1" in alone.stderr
+    assert alone.returncode == 2 and "optimizer state is sharded by zero1" in alone.stderr, alone.stderr[-500:]
 
 
 def test_a_hung_rank_fails_the_run_by_name_within_the_timeout():

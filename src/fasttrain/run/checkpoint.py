@@ -35,16 +35,16 @@ from ..errors import FasttrainError, describe_error
 from ..measure.files import write_atomic
 from ..techniques.base import TrainState
 from ..techniques.optimizer import continue_schedule, schedule_record
-from . import step_folders, zero1_state
+from . import named_state, step_folders
 from .step_folders import DCP_META, META
 
 
 def check(state: TrainState) -> None:
     """Refuse what save/resume cannot handle, before any step runs."""
-    if not isinstance(state.optimizer, torch.optim.Optimizer):
-        raise FasttrainError("checkpoints need a plain, zero1- or FSDP2-sharded optimizer; "
-                             "offload and bf16-true's master_weights are not supported for "
-                             "save/resume yet")
+    if not isinstance(state.optimizer, (torch.optim.Optimizer, named_state.ShadowOptimizer)):
+        raise FasttrainError(f"checkpoints need a plain, zero1-, FSDP2-sharded, offloaded or "
+                             f"master-weight optimizer, not {type(state.optimizer).__name__}: "
+                             "not supported for save/resume")
 
 
 def check_folder(folder: str | Path) -> None:
@@ -74,10 +74,12 @@ def _masters(state: TrainState) -> dict[str, torch.Tensor]:
 def _state(state: TrainState, meta: dcp_metadata.Metadata | None = None) -> dict:
     """What a checkpoint holds (``meta``: the checkpoint being loaded, whose zero1 entries
     this rank reads are allocated from it)."""
-    if state.zero1:  # each rank its own partition's entries, by parameter name
-        out = {"model": get_model_state_dict(state.model),
-               zero1_state.PREFIX: zero1_state.saved(state.model, state.optimizer) if meta is None
-               else zero1_state.targets(state.model, state.optimizer, meta)}
+    h = named_state.holder(state.model, state.optimizer, state.zero1)
+    if h is not None:  # each rank its own entries, by parameter name
+        model_sd = get_model_state_dict(state.model)
+        copies = named_state.weights(state.model, state.optimizer)  # fp32, loaded in place
+        out = {"model": {k: copies.get(k, v) for k, v in model_sd.items()},
+               h.prefix: named_state.saved(h) if meta is None else named_state.targets(h, meta)}
     else:
         model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
         masters = _masters(state)
@@ -106,7 +108,7 @@ def save(state: TrainState, folder: str | Path, step: int, keep: int = 0) -> Pat
         meta = {"step": step, "recipe": state.recipe.to_dict(),
                 "workload": [state.workload.name, state.workload.size],
                 "schedule": schedule_record(state.scheduler),
-                "world": dist_env.current().world, "zero1": state.zero1}
+                "world": dist_env.current().world, "optimizer_state": _layout(state)}
         published = step_folders.publish(root, step_folders.temp_folder(root, step), step,
                                          json.dumps(meta))
         if keep:
@@ -250,6 +252,17 @@ def _dcp_load(target: dict, folder: Path, planner, whole: bool = False) -> None:
         raise RuntimeError(describe_error(first, 200)) from None
 
 
+_LAYOUTS = {"dcp": "the optimizer's own (DCP's state dict)",
+            "zero1": "sharded by zero1 (each rank its partition)",
+            "shadow": "an offloaded or master-weight optimizer's (fp32 copies)"}
+
+
+def _layout(state: TrainState) -> str:
+    """How the optimizer state is saved: ``dcp``, ``zero1`` or ``shadow``."""
+    h = named_state.holder(state.model, state.optimizer, state.zero1)
+    return h.prefix if h else "dcp"
+
+
 def load(state: TrainState, folder: str | Path) -> int:
     """Restore model, optimizer, EMA and schedule; returns the step to continue from."""
     check(state)
@@ -272,13 +285,13 @@ def load(state: TrainState, folder: str | Path) -> int:
         if key in saved and saved[key] != now[key]:
             raise FasttrainError(f"resume: the checkpoint has {key}={saved[key]!r}, this run "
                                  f"{key}={now[key]!r}")
-    was_zero1 = bool(meta.get("zero1"))
-    if was_zero1 != state.zero1:  # the optimizer state's layout: by name per rank, or DCP's
-        raise FasttrainError(f"resume: the checkpoint's optimizer state is "
-                             f"{'sharded by' if was_zero1 else 'not sharded by'} zero1, this "
-                             f"run's {'is' if state.zero1 else 'is not'}: resume it with "
-                             f"{'--nproc 2 or more and sharding=zero1' if was_zero1 else 'sharding=' + str(saved.get('sharding', 'auto'))}")
-    target = _state(state, _read_metadata(folder / DCP_META) if state.zero1 else None)
+    was, now_layout = meta.get("optimizer_state", "dcp"), _layout(state)
+    if was != now_layout:  # by name (zero1's partitions, a shadow's copies) or DCP's own
+        raise FasttrainError(f"resume: the checkpoint's optimizer state is {_LAYOUTS[was]}, this "
+                             f"run's is {_LAYOUTS[now_layout]}: resume it with the sharding, "
+                             "offload and master_weights that saved it")
+    h = named_state.holder(state.model, state.optimizer, state.zero1)
+    target = _state(state, _read_metadata(folder / DCP_META) if h else None)
     try:
         _dcp_load(target, folder, _SafePlanner())
     except (RuntimeError, KeyError, ValueError) as err:  # a checkpoint of another model
@@ -290,9 +303,9 @@ def load(state: TrainState, folder: str | Path) -> int:
     # optimizer_impl runs slower) and lr (this run's schedule sets it, below)
     kept_keys = ("fused", "foreach", "capturable", "lr", "initial_lr")
     kept = [{k: g[k] for k in kept_keys if k in g} for g in state.optimizer.param_groups]
-    if state.zero1:
-        set_model_state_dict(state.model, target["model"])
-        zero1_state.restore(state.model, state.optimizer, target[zero1_state.PREFIX])
+    if h is not None:
+        set_model_state_dict(state.model, target["model"])  # a shadow's fp32 copies, rounded
+        named_state.restore(h, target[h.prefix])
     else:
         set_state_dict(state.model, state.optimizer, model_state_dict=target["model"],
                        optim_state_dict=target["optim"])
