@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from fasttrain.ladder.long_run import BASELINE, REPEAT
+from fasttrain.ladder.long_run import BASELINE, REPEAT, repeat_curve
 from fasttrain.measure.curves import compare_curves
 from fasttrain.measure.files import write_atomic
 
@@ -52,8 +52,7 @@ def merge_train(folder: Path, workload: str) -> list[dict]:
         rows[slot] = {**json.loads(f.read_text().splitlines()[-1]), "kind": "long", "rung": rung,
                       "slot": slot, "from_row": f"{slot}/{f.name}"}
     ref, repeat = rows["gpu0"]["losses"], rows["gpu1"]["losses"]
-    rows["gpu1"]["curve"] = {**compare_curves(repeat, ref), "passed": None,
-                             "reason": "the baseline's repeat: the noise, not a verdict"}
+    rows["gpu1"]["curve"] = repeat_curve(repeat, ref)
     for slot in ("gpu2", "gpu3"):
         rows[slot]["curve"] = compare_curves(rows[slot]["losses"], ref, repeats=[repeat])
         rows[slot]["speedup"] = rows["gpu0"]["step_time_s"] / rows[slot]["step_time_s"]

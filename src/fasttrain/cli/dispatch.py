@@ -43,8 +43,7 @@ def _on_sigterm(signum, frame) -> None:
 
 def _end_with_parent() -> None:
     """A rank torchrun started ends when torchrun does (a SIGKILL leaves nothing behind)."""
-    from ..distributed.env import launched
-    from ..distributed.launch import die_with_parent
+    from ..distributed.launch import die_with_parent, launched
 
     if launched():
         die_with_parent()
@@ -75,7 +74,7 @@ def _main(argv: list[str]) -> int:
             _check_common(args)
             _use_preset(args)
         if args.command in ("train", "profile") and (args.nproc > 1 or args.nnodes > 1):
-            from ..distributed.env import launched
+            from ..distributed.launch import launched
             from ..distributed.launch import relaunch
 
             if not launched():
@@ -91,7 +90,7 @@ def _main(argv: list[str]) -> int:
                 "infer": cmd_infer}[args.command](args)
     except RunFailed as err:  # the run, not the command, went wrong: said in one line
         code = _error(err, 1)
-        from ..distributed.env import launched
+        from ..distributed.launch import launched
 
         if launched():  # a peer hung: tearing the process group down would wait for it
             sys.stdout.flush()

@@ -18,11 +18,10 @@ def _resume_from(args) -> str | None:
         return args.resume
     if not args.save:
         raise FasttrainError("--resume auto continues the newest save of --save DIR; give --save")
-    from ..distributed.env import launched
     from ..run.checkpoint import latest
 
     found = latest(args.save)
-    if os.environ.get("RANK", "0") == "0" or not launched():
+    if os.environ.get("RANK", "0") == "0":  # rank 0 of a torchrun job, or not under one
         print(f"resume: {'continuing ' + str(found) if found else 'no complete save in '}"
               f"{'' if found else args.save + ' yet: starting from step 0'}", file=sys.stderr)
     return str(found) if found else None

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import FasttrainError, RunFailed
+from .launch import launched  # noqa: F401 - the library asks env
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,6 @@ _CONTROL = None  # gloo group for monitored barriers (NCCL has none)
 GRACE_S = 3.0
 """Seconds a rank that timed out in a collective waits for the others to say so too."""
 _STALLED = "fasttrain/stalled/"  # store key prefix: the ranks that timed out waiting
-
-
-def launched() -> bool:
-    """Started by torchrun (or another launcher that sets WORLD_SIZE > 1)."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def current() -> Dist:
@@ -101,12 +97,9 @@ def step_barrier(step: int, timeout_s: float, device_type: str) -> None:
         late = re.search(r"Ranks? ([\d, ]+) failed to pass", str(err))
         if not late:
             raise RunFailed(str(err)) from None
-        ranks = late.group(1).strip(" ,")
-        many = "," in ranks
-        raise RunFailed(f"rank{'s' if many else ''} {ranks} hung: never reached step {step} within "
-                        f"dist_timeout={timeout_s:g} s (rank {dist.get_rank()} waited); look at "
-                        f"what rank {ranks.split(',')[0]} was doing, or raise --set dist_timeout "
-                        "if it is only slow") from None
+        hung = [int(r) for r in late.group(1).replace(",", " ").split()]
+        raise RunFailed(_hung_line(hung, [dist.get_rank()], f"step {step}", timeout_s,
+                                   "rank", "")) from None
 
 
 def _timed_out(err: BaseException) -> bool:
@@ -143,11 +136,16 @@ def _stalled(where: str, timeout_s: float, err: BaseException) -> str:
     hung = sorted(set(range(world)) - waited)
     if not hung:
         return f"rank {rank}: {where}: {first}"
+    return _hung_line(hung, sorted(waited), where, timeout_s, "ranks", "the collectives of ")
+
+
+def _hung_line(hung: list[int], waited: list[int], where: str, timeout_s: float,
+               waited_word: str, what: str) -> str:
+    """The one line of a hung rank: who, where, who waited, and the way out."""
     names = ("rank " if len(hung) == 1 else "ranks ") + ", ".join(map(str, hung))
-    return (f"{names} hung: never reached the collectives of {where} within "
-            f"dist_timeout={timeout_s:g} s (ranks {', '.join(map(str, sorted(waited)))} "
-            f"waited); look at what rank {hung[0]} was doing, or raise --set "
-            "dist_timeout if it is only slow")
+    return (f"{names} hung: never reached {what}{where} within dist_timeout={timeout_s:g} s "
+            f"({waited_word} {', '.join(map(str, waited))} waited); look at what rank "
+            f"{hung[0]} was doing, or raise --set dist_timeout if it is only slow")
 
 
 def agree(name: str, value) -> None:

@@ -20,6 +20,12 @@ import threading
 _PR_SET_PDEATHSIG = 1
 
 
+def launched() -> bool:
+    """Started by torchrun (or another launcher that sets WORLD_SIZE > 1). Here, not in
+    ``env``, so that a command can ask before torch is imported."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def die_with_parent() -> None:
     """This process gets SIGTERM when its parent dies (Linux; elsewhere nothing). Used as a
     ``preexec_fn`` and by a rank torchrun started; a parent already gone ends it now."""

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from ..errors import FasttrainError
-from ..measure.curves import compare_curves
+from ..measure.curves import WINDOWS, compare_curves, window_means
 from ..measure.env import environment
 from ..measure.rows import make_row
 from ..recipe import Recipe
@@ -78,22 +78,33 @@ def run_long(spec: LadderSpec, names: list[str] | None, on_row: Hook = None) -> 
                 row.setdefault("error", None)
             if name == BASELINE:
                 ref = row
-            elif name == REPEAT and _ran(row) and ref is not None and _ran(ref):
-                row["curve"] = {**compare_curves(row["losses"], ref["losses"]), "passed": None,
-                                "reason": "the baseline's repeat: the noise, not a verdict"}
-                repeats.append(row["losses"])
             elif name == REPEAT:
-                pass
-            elif _ran(row) and mark_effect(row, VARIANTS[name][0]).get("effect") == "none":
-                row["curve"] = {"passed": None, "reason": "not compared: the switch matched "
-                                "nothing in this model (no effect)"}
-            elif _ran(row) and ref is not None and _ran(ref):
-                row["curve"] = compare_curves(row["losses"], ref["losses"], repeats=repeats)
-                row["speedup"] = ref["step_time_s"] / row["step_time_s"]
+                if _ran(row) and ref is not None and _ran(ref):
+                    row["curve"] = repeat_curve(row["losses"], ref["losses"])
+                    repeats.append(row["losses"])
             elif _ran(row):
-                row["curve"] = {"passed": False, "reason": "the baseline did not run"}
+                _judge(row, VARIANTS[name][0], ref, repeats)
             emit(spec, rows, row, on_row, i, len(plan))
     return rows
+
+
+def repeat_curve(losses: list[float], reference: list[float]) -> dict:
+    """The baseline's repeat against the baseline: the noise, shown, never a verdict."""
+    return {**compare_curves(losses, reference), "passed": None,
+            "reason": "the baseline's repeat: the noise, not a verdict"}
+
+
+def _judge(row: dict, changes: dict[str, Any], ref: dict | None,
+           repeats: list[list[float]]) -> None:
+    """A variant that ran: its curve against the baseline's (or why not), its speed-up."""
+    if mark_effect(row, changes).get("effect") == "none":
+        row["curve"] = {"passed": None, "reason": "not compared: the switch matched nothing "
+                        "in this model (no effect)"}
+    elif ref is not None and _ran(ref):
+        row["curve"] = compare_curves(row["losses"], ref["losses"], repeats=repeats)
+        row["speedup"] = ref["step_time_s"] / row["step_time_s"]
+    else:
+        row["curve"] = {"passed": False, "reason": "the baseline did not run"}
 
 
 def _ran(row: dict) -> bool:
@@ -132,7 +143,8 @@ def long_table(rows: list[dict]) -> list[str]:
                        f"{'error: ' + r['error'] if r.get('error') else 'skipped: ' + r['skipped']}")
             continue
         c, ms = r.get("curve") or {}, r["step_time_s"] * 1e3
-        last = c.get("final_loss", _last_window(r["losses"]))
+        last = c.get("final_loss",
+                     window_means(r["losses"], min(WINDOWS, len(r["losses"])))[-1])
         sp = (f"{r['speedup']:.2f}x" if r.get("speedup") else
               "base" if r["rung"] == BASELINE else "—")
         dl = f"{c['final_rel_dev']:.2%}" if "final_rel_dev" in c else "—"
@@ -144,8 +156,3 @@ def long_table(rows: list[dict]) -> list[str]:
         name = r['rung'] + (f" [{r['slot']}]" if r.get('slot') else "")
         out.append(f"{name:20s} {ms:8.1f} {sp:>8s} {last:10.4f} {dl:>8s} {dw:>8s}  {verdict}")
     return out
-
-
-def _last_window(losses: list[float]) -> float:
-    tail = losses[-max(1, len(losses) // 20):]
-    return sum(tail) / len(tail)

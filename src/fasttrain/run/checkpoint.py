@@ -71,10 +71,10 @@ def _masters(state: TrainState) -> dict[str, torch.Tensor]:
             for name, p in state.model.named_parameters(remove_duplicate=False) if id(p) in by_id}
 
 
-def _state(state: TrainState, meta: dcp_metadata.Metadata | None = None) -> dict:
-    """What a checkpoint holds (``meta``: the checkpoint being loaded, whose zero1 entries
-    this rank reads are allocated from it)."""
-    h = named_state.holder(state.model, state.optimizer, state.zero1)
+def _state(state: TrainState, h: named_state.Holder | None,
+           meta: dcp_metadata.Metadata | None = None) -> dict:
+    """What a checkpoint holds. ``h``: the optimizer state kept by name, if any (``meta``: the
+    checkpoint being loaded, from which the entries this rank reads are allocated)."""
     if h is not None:  # each rank its own entries, by parameter name
         model_sd = get_model_state_dict(state.model)
         copies = named_state.weights(state.model, state.optimizer)  # fp32, loaded in place
@@ -101,14 +101,15 @@ def save(state: TrainState, folder: str | Path, step: int, keep: int = 0) -> Pat
     if main:
         step_folders.begin(root, step)
     dist_env.barrier("checkpoint save", timeout)
-    dcp.save(_state(state), checkpoint_id=str(step_folders.temp_folder(root, step)))
+    h = named_state.holder(state.model, state.optimizer, state.zero1)
+    dcp.save(_state(state, h), checkpoint_id=str(step_folders.temp_folder(root, step)))
     dist_env.barrier("checkpoint save", timeout)  # every rank's files are written and synced
     published = root
     if main:
         meta = {"step": step, "recipe": state.recipe.to_dict(),
                 "workload": [state.workload.name, state.workload.size],
                 "schedule": schedule_record(state.scheduler),
-                "world": dist_env.current().world, "optimizer_state": _layout(state)}
+                "world": dist_env.current().world, "optimizer_state": h.prefix if h else "dcp"}
         published = step_folders.publish(root, step_folders.temp_folder(root, step), step,
                                          json.dumps(meta))
         if keep:
@@ -255,12 +256,7 @@ def _dcp_load(target: dict, folder: Path, planner, whole: bool = False) -> None:
 _LAYOUTS = {"dcp": "the optimizer's own (DCP's state dict)",
             "zero1": "sharded by zero1 (each rank its partition)",
             "shadow": "an offloaded or master-weight optimizer's (fp32 copies)"}
-
-
-def _layout(state: TrainState) -> str:
-    """How the optimizer state is saved: ``dcp``, ``zero1`` or ``shadow``."""
-    h = named_state.holder(state.model, state.optimizer, state.zero1)
-    return h.prefix if h else "dcp"
+"""How a checkpoint's optimizer state is laid out (its record's ``optimizer_state``)."""
 
 
 def load(state: TrainState, folder: str | Path) -> int:
@@ -285,13 +281,14 @@ def load(state: TrainState, folder: str | Path) -> int:
         if key in saved and saved[key] != now[key]:
             raise FasttrainError(f"resume: the checkpoint has {key}={saved[key]!r}, this run "
                                  f"{key}={now[key]!r}")
-    was, now_layout = meta.get("optimizer_state", "dcp"), _layout(state)
-    if was != now_layout:  # by name (zero1's partitions, a shadow's copies) or DCP's own
-        raise FasttrainError(f"resume: the checkpoint's optimizer state is {_LAYOUTS[was]}, this "
-                             f"run's is {_LAYOUTS[now_layout]}: resume it with the sharding, "
-                             "offload and master_weights that saved it")
     h = named_state.holder(state.model, state.optimizer, state.zero1)
-    target = _state(state, _read_metadata(folder / DCP_META) if h else None)
+    layout, now_layout = meta.get("optimizer_state", "dcp"), h.prefix if h else "dcp"
+    if layout != now_layout:  # by name (zero1's partitions, a shadow's copies) or DCP's own
+        raise FasttrainError(f"resume: the checkpoint's optimizer state is "
+                             f"{_LAYOUTS.get(layout, repr(layout))}, this run's is "
+                             f"{_LAYOUTS[now_layout]}: resume it with the sharding, offload and "
+                             "master_weights that saved it")
+    target = _state(state, h, _read_metadata(folder / DCP_META) if h else None)
     try:
         _dcp_load(target, folder, _SafePlanner())
     except (RuntimeError, KeyError, ValueError) as err:  # a checkpoint of another model
