@@ -1,4 +1,5 @@
 """The generated pages (docs/recipe.md, docs/results.md) and `fasttrain docs [--check]`."""
+import json
 import shutil
 from pathlib import Path
 
@@ -89,3 +90,20 @@ def test_outside_the_repository_root(tmp_path, monkeypatch, capsys):
     assert main(["docs", "--check"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "repository root" in err
+
+
+def test_a_ratio_measured_once_each_side(tmp_path, monkeypatch, capsys):
+    """{once:FILE} quotes a --no-confirm ladder's best rung over its one peer run; a confirmed
+    run (it has a ratio row) is refused there in one line."""
+    from fasttrain.report.results_doc import _fill
+
+    def read(name):
+        return [json.loads(line) for line in (ROOT / "benchmarks/results" / name).open()]
+
+    once = "ladder-diffusers_sd-v1-base-20261127-020512"
+    rows = read(once + ".jsonl")
+    want = max(r["throughput"] for r in rows if r["kind"] == "ladder") / \
+        next(r["throughput"] for r in rows if r["kind"] == "peer")
+    assert _fill(f"{{once:{once}}}", {}, read) == f"{want:.2f}×"
+    with pytest.raises(FasttrainError, match="not one run of each side"):
+        _fill("{once:ladder-vit-base-20261126-011526}", {}, read)

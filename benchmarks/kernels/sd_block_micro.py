@@ -19,8 +19,8 @@ from torch import nn
 from kernels_micro import append_rows, graph_ms  # benchmarks/kernels/, the script's own folder
 from fasttrain.measure.env import environment
 from fasttrain.techniques.optimizer import matmul_weights
-from fasttrain.workloads.sd_transformer import Attention
-from fasttrain.workloads.sd_unet import SpatialTransformer
+from fasttrain.layers.sd_transformer import Attention
+from fasttrain.layers.unet import SpatialTransformer
 
 SHAPES = ((320, 64), (640, 32), (1280, 16))  # (channels, latent side) of the three levels
 BATCH, CONTEXT, TOKENS, HEADS = 8, 768, 77, 8

@@ -20,6 +20,7 @@ if timm is None:
     pytest.skip("timm is not installed", allow_module_level=True)
 pytest.importorskip("triton")
 
+from tests.converters.compare import assert_close, assert_same_function  # noqa: E402
 from tests.interpreted import interpret, kernels_interpreted  # noqa: E402,F401
 
 with kernels_interpreted():
@@ -101,22 +102,6 @@ def run(model: nn.Module, x: torch.Tensor, seed: int = 0, autocast: torch.dtype 
     grads = {n: p.grad for n, p in model.named_parameters()}
     assert all(g is not None for g in grads.values()), [n for n, g in grads.items() if g is None]
     return out.detach().float(), x.grad, grads
-
-
-def assert_close(got: torch.Tensor, want: torch.Tensor, rel: float, what: str = "") -> None:
-    """Elementwise within ``rel`` of the reference tensor's largest magnitude."""
-    scale = max(want.abs().max().item(), 1e-12)
-    torch.testing.assert_close(got.float(), want.float(), rtol=rel, atol=rel * scale,
-                               msg=lambda m: f"{what}: {m}")
-
-
-def assert_same_function(a, b, rel: float) -> None:
-    (out_a, dx_a, g_a), (out_b, dx_b, g_b) = a, b
-    assert g_a.keys() == g_b.keys()
-    assert_close(out_a, out_b, rel, "output")
-    assert_close(dx_a, dx_b, rel, "input gradient")
-    for n in g_b:
-        assert_close(g_a[n], g_b[n], rel, n)
 
 
 def use_fused(model: nn.Module) -> list[str]:

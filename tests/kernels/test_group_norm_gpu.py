@@ -84,7 +84,7 @@ def test_frozen_resnet_block_with_group_norm_kernels_writes_its_input_once():
 
     from torch._inductor.utils import run_and_get_code
 
-    from fasttrain.workloads.sd_unet import ResnetBlock
+    from fasttrain.layers.unet import ResnetBlock
 
     torch.manual_seed(0)
     blk = ResnetBlock(64, 64, None, 1e-6).cuda().to(torch.bfloat16).requires_grad_(False)

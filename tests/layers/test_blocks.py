@@ -115,7 +115,7 @@ def test_layers_whose_bias_a_kernel_adds_keep_their_float8_matmul(monkeypatch):
 def test_sd_transformer_with_fused_norms_computes_the_plain_block():
     """SD's transformer block: norm2 and norm3 take the residual add and the attention output
     projection's bias (left out of its matmul), and every gradient matches the plain block."""
-    from fasttrain.workloads.sd_unet import SpatialTransformer
+    from fasttrain.layers.unet import SpatialTransformer
 
     torch.manual_seed(0)
     plain = SpatialTransformer(32, 2, 16)

@@ -206,7 +206,7 @@ def test_regional_blocks_are_the_whole_vae_encoder_then_the_repeated_blocks():
 def test_stacked_projections_compute_the_separate_ones(monkeypatch, context):
     """q, k, v (or the text's k, v) from one GEMM over stacked weights: the same outputs and
     gradients as one GEMM each, and a layer another technique replaced keeps its own call."""
-    from fasttrain.workloads.sd_transformer import Attention
+    from fasttrain.layers.sd_transformer import Attention
 
     torch.manual_seed(0)
     attn = Attention(16, 2, context)
@@ -248,7 +248,7 @@ def test_upsample_sums_the_gradient_of_each_2x2_block(channels_last):
     the input's memory format."""
     import torch.nn.functional as F
 
-    from fasttrain.workloads.sd_unet import upsample_nearest2x
+    from fasttrain.layers.unet import upsample_nearest2x
 
     torch.manual_seed(0)
     x = torch.randn(2, 3, 5, 4)
@@ -275,7 +275,7 @@ def test_skip_concatenation_hands_back_dense_gradients(formats):
     """The up blocks' concatenation with a skip connection: torch.cat's values both ways, and
     each input's gradient dense in that input's memory format (not a channel slice of the
     concatenation's gradient), eager and compiled."""
-    from fasttrain.workloads.sd_unet import cat_channels
+    from fasttrain.layers.unet import cat_channels
 
     torch.manual_seed(0)
     fmt = {True: torch.channels_last, False: torch.contiguous_format}
@@ -298,7 +298,7 @@ def test_unet_runs_the_time_and_text_projections_as_one_gemm_each(monkeypatch):
     every cross-attention, from one GEMM each: the same loss and gradients as the blocks' own
     projections, and none of those layers is called on its own; a layer another technique
     replaced sends its kind back to the blocks."""
-    from fasttrain.workloads.sd_transformer import Attention
+    from fasttrain.layers.sd_transformer import Attention
     from fasttrain.workloads.sd_unet import UNet
 
     wl = make("tiny")

@@ -1,6 +1,7 @@
 """Converters: public model classes (timm's ViT and Swin blocks, attention, MLP, patch
 embedding; transformers' Llama, Mistral and Qwen2 decoder layers, RMSNorm, MLP, model and
-causal-LM loss; torch.nn's LayerNorm, RMSNorm, MultiheadAttention and Linear → GELU
+causal-LM loss; diffusers' SD ResNet blocks, spatial transformers, their transformer blocks,
+attention, GEGLU and upsamplers; torch.nn's LayerNorm, RMSNorm, MultiheadAttention and Linear → GELU
 ``nn.Sequential``s of a model of your own) turned in place into fasttrain layers that compute
 the same function and carry the fused paths, so the ``kernels``, ``stream_dtype`` and
 ``master_weights`` switches reach a model you did not write.

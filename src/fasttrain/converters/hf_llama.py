@@ -36,7 +36,8 @@ from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
-from .registry import SAMPLE_TOKENS, Converter, class_path, sequence_sample
+from .registry import (SAMPLE_TOKENS, Converter, class_path, library_forward, remember,
+                       sequence_sample, swap_keeping_library)
 
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
 
@@ -48,36 +49,6 @@ def sources(suffix: str) -> tuple[str, ...]:
 
 RMS_NORM, MLP, ATTENTION = sources("RMSNorm"), sources("MLP"), sources("Attention")
 DECODER_LAYER, MODEL, CAUSAL_LM = sources("DecoderLayer"), sources("Model"), sources("ForCausalLM")
-LIBRARY = "_fasttrain_library_class"  # the instance attribute holding the class it was
-
-
-def remember(m: nn.Module) -> None:
-    """Keep the library class on the instance, for the calls the converted class hands back."""
-    if LIBRARY not in m.__dict__:
-        m.__dict__[LIBRARY] = type(m)
-
-
-_MIXED: dict[tuple[type, type], type] = {}
-
-
-def swap_keeping_library(m: nn.Module, converted: type) -> None:
-    """Make ``m`` a subclass of both ``converted`` (its forward) and its library class (every
-    other method: ``generate``, ``save_pretrained``, gradient checkpointing's ``__call__``), so
-    the module stays what the library and its users check for (``isinstance``)."""
-    remember(m)
-    library = m.__dict__[LIBRARY]
-    key = (converted, library)
-    if key not in _MIXED:
-        _MIXED[key] = type(converted.__name__, (converted, library),
-                           {"__module__": converted.__module__,
-                            "__qualname__": converted.__qualname__})
-    m.__class__ = _MIXED[key]
-
-
-def library_forward(m: nn.Module, *args, **kwargs):
-    return m.__dict__[LIBRARY].forward(m, *args, **kwargs)
-
-
 def no_cache(kwargs: dict) -> bool:
     """No KV cache in play (training)."""
     return (kwargs.get("past_key_values") is None and kwargs.get("cache") is None

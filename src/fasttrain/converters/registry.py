@@ -55,7 +55,7 @@ def sequence_sample(width_of: Callable[[nn.Module], int]):
     return sample
 
 
-_MODULES = ("timm_vit", "timm_swin", "hf_llama", "torch_nn")
+_MODULES = ("timm_vit", "timm_swin", "hf_llama", "diffusers_sd", "torch_nn")
 """The modules that define converters (``CONVERTERS`` in each), imported on first use."""
 
 
@@ -82,3 +82,33 @@ def list_converters() -> dict[str, str]:
 def concerns(conv: Converter, module: nn.Module) -> bool:
     """Whether ``module`` is one ``conv`` is about (``Converter.candidate``)."""
     return conv.candidate is None or conv.candidate(module)
+
+
+LIBRARY = "_fasttrain_library_class"  # the instance attribute holding the class it was
+
+
+def remember(m: nn.Module) -> None:
+    """Keep the library class on the instance, for the calls the converted class hands back."""
+    if LIBRARY not in m.__dict__:
+        m.__dict__[LIBRARY] = type(m)
+
+
+_MIXED: dict[tuple[type, type], type] = {}
+
+
+def swap_keeping_library(m: nn.Module, converted: type) -> None:
+    """Make ``m`` a subclass of both ``converted`` (its forward) and its library class (every
+    other method: ``generate``, ``save_pretrained``, gradient checkpointing's ``__call__``), so
+    the module stays what the library and its users check for (``isinstance``)."""
+    remember(m)
+    library = m.__dict__[LIBRARY]
+    key = (converted, library)
+    if key not in _MIXED:
+        _MIXED[key] = type(converted.__name__, (converted, library),
+                           {"__module__": converted.__module__,
+                            "__qualname__": converted.__qualname__})
+    m.__class__ = _MIXED[key]
+
+
+def library_forward(m: nn.Module, *args, **kwargs):
+    return m.__dict__[LIBRARY].forward(m, *args, **kwargs)

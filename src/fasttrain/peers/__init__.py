@@ -30,6 +30,8 @@ def peer_entry(workload: str) -> tuple[str, str, str] | None:
     model (the peer of the ``timm:NAME`` workload)."""
     if workload.startswith("timm:") and workload != "timm:":
         return ("timm_peers", "bf16+compile", f"timm {workload[5:]}")
+    if workload == "diffusers:sd-v1":
+        return ("diffusers_peer", "bf16+compile", "diffusers SD v1 (the diffusers:sd-v1 workload's)")
     if workload == "hf:llama":
         return ("hf_llama_peer", "bf16+compile", "transformers causal LM (the hf:llama workload's)")
     return PEERS.get(workload)

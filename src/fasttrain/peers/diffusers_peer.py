@@ -34,10 +34,14 @@ CLIP = dict(  # CLIP ViT-L/14 text tower (openai/clip-vit-large-patch14)
 SCHEDULER = dict(num_train_timesteps=1000, beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
 FULL = {"unet": UNET, "vae": VAE, "clip": CLIP, "image": 512, "tokens": 77, "batch": 8}
 TINY = {
+    # 8 groups a GroupNorm (not SD's 32): with one channel a group a bias before the norm would
+    # have no gradient at all, and comparisons of the tiny models would be of rounding noise
     "unet": dict(UNET, sample_size=16, block_out_channels=(32, 64), layers_per_block=1,
+                 norm_num_groups=8,
                  down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
                  up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32),
     "vae": dict(VAE, sample_size=32, block_out_channels=(32, 64), layers_per_block=1,
+                norm_num_groups=8,
                 down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2),
     "clip": dict(CLIP, vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=37, projection_dim=32),

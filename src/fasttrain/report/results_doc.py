@@ -4,7 +4,8 @@ The spec holds the words (title, each section's heading and prose) and, per tabl
 file under benchmarks/results/ and which rows of it to show; every number on the page comes
 from those rows. Prose may name a figure of the section's rows as ``{gpu}`` (the GPU's full
 name), ``{gpu_short}`` (H200), ``{batch}``, ``{images}``, ``{peer}``, or any row file's ratio
-as ``{ratio:FILE-STEM}``.
+as ``{ratio:FILE-STEM}``; a ladder measured once each side (``--no-confirm``) as
+``{once:FILE-STEM}``.
 """
 from __future__ import annotations
 
@@ -64,6 +65,17 @@ def _ratio_row(rows: list[dict], name: str) -> dict:
     if not found:
         raise FasttrainError(f"docs/results.toml: {name} has no ratio row")
     return found[-1]
+
+
+def _once_ratio(rows: list[dict], name: str) -> float:
+    """The ratio of a ladder run with ``--no-confirm`` (no ratio row): its one fastest rung's
+    throughput over its one peer run's."""
+    ours = [r for r in rows if r.get("kind") == "ladder" and not r.get("error")]
+    peers = [r for r in rows if r.get("kind") == "peer" and not r.get("error")]
+    if not ours or len(peers) != 1 or any(r.get("kind") == "ratio" for r in rows):
+        raise FasttrainError(f"docs/results.toml: {name} is not one run of each side with a "
+                             "peer (--no-confirm); a confirmed run is quoted with {ratio:...}")
+    return max(r["throughput"] for r in ours) / peers[0]["throughput"]
 
 
 def _runs(rows: list[dict], rung: str, kind: str) -> list[dict]:
@@ -185,6 +197,8 @@ def _fill(text: str, facts: dict[str, str], read: _Rows) -> str:
         key, arg = m.group(1), m.group(2)
         if key == "ratio" and arg:
             return f"{_ratio_row(read(arg + '.jsonl'), arg)['ratio']:.2f}×"
+        if key == "once" and arg:
+            return f"{_once_ratio(read(arg + '.jsonl'), arg):.2f}×"
         if key not in facts:
             raise FasttrainError(f"docs/results.toml: {m.group(0)} is not a figure of this "
                                  "section's rows")

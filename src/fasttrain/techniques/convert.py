@@ -29,7 +29,7 @@ def apply(state: TrainState) -> str | None:
 
 TECHNIQUE = Technique(
     name="convert", phase=Phase.CONVERT,
-    summary="public model classes (timm ViT, Swin; transformers Llama, Mistral, Qwen2) swapped "
-            "for fasttrain layers with fused paths",
+    summary="public model classes (timm ViT, Swin; transformers Llama, Mistral, Qwen2; diffusers "
+            "SD blocks) swapped for fasttrain layers with fused paths",
     changes_numerics=False, apply=apply, active=lambda r: r.convert,
     example={"convert": True})

@@ -1,4 +1,5 @@
-"""Workload registry: a registered name (``vit``), a public model (``timm:NAME``, ``hf:llama``)
+"""Workload registry: a registered name (``vit``), a public model (``timm:NAME``, ``hf:llama``,
+``diffusers:sd-v1``)
 or a user's ``package.module:factory``.
 
 A factory is called as ``factory(size=..., seed=..., data=..., **options)`` and returns a
@@ -28,6 +29,7 @@ REGISTRY: dict[str, str] = {
 PUBLIC: dict[str, str] = {
     "timm": "fasttrain.workloads.timm_models:make",
     "hf": "fasttrain.workloads.hf_models:make",
+    "diffusers": "fasttrain.workloads.diffusers_models:make",
 }
 
 __all__ = ["PUBLIC", "REGISTRY", "SIZES", "SimpleWorkload", "Workload", "load_workload"]

@@ -99,13 +99,18 @@ def normalize_sd_images(images: torch.Tensor, dtype: torch.dtype,
 class SDTrainStep(nn.Module):
     """The whole training step as one module: ``forward`` returns the summed loss."""
 
-    def __init__(self, cfg: SDConfig):
+    def __init__(self, cfg: SDConfig,
+                 modules: tuple[nn.Module, nn.Module, nn.Module] | None = None):
+        """``modules``: (VAE encoder, text encoder, UNet) taking fasttrain's calls (below); by
+        default fasttrain's own, built from ``cfg``."""
         super().__init__()
         self.cfg = cfg
         self.channels_last = False  # set by the channels_last technique
-        self.vae_encoder = VAEEncoder(cfg.vae).requires_grad_(False)
-        self.text_encoder = CLIPTextEncoder(cfg.text).requires_grad_(False)
-        self.unet = UNet(cfg.unet)
+        vae, text, unet = modules or (VAEEncoder(cfg.vae), CLIPTextEncoder(cfg.text),
+                                      UNet(cfg.unet))
+        self.vae_encoder = vae.requires_grad_(False)  # (images, posterior noise) → latents
+        self.text_encoder = text.requires_grad_(False)  # input ids → (B, tokens, width)
+        self.unet = unet  # (noisy latents, timesteps, text) → predicted noise
         self.schedule = DDPMSchedule(cfg)
 
     def forward(self, images: torch.Tensor, input_ids: torch.Tensor, noise: torch.Tensor,
@@ -125,12 +130,17 @@ class SDTrainStep(nn.Module):
         latents = self.vae_encoder(x, posterior_noise).contiguous(memory_format=self._format())
         return latents, self.text_encoder(input_ids)
 
+    def predict(self, noisy: torch.Tensor, timesteps: torch.Tensor,
+                context: torch.Tensor) -> torch.Tensor:
+        """The UNet's noise prediction (B, 4, h, w)."""
+        return self.unet(noisy, timesteps, context)
+
     def denoise(self, latents: torch.Tensor, context: torch.Tensor, noise: torch.Tensor,
                 timesteps: torch.Tensor) -> torch.Tensor:
         """The trained half: the UNet's noise prediction and the loss summed over the batch."""
         noise = noise.to(latents.dtype)
         noisy = self.schedule.add_noise(latents, noise, timesteps)
-        pred = self.unet(noisy.contiguous(memory_format=self._format()), timesteps, context)
+        pred = self.predict(noisy.contiguous(memory_format=self._format()), timesteps, context)
         per_image = F.mse_loss(pred.float(), noise.float(), reduction="none").mean(dim=(1, 2, 3))
         return per_image.sum()
 

@@ -17,7 +17,7 @@ from torch import nn
 from ..layers.attention import attention
 from ..layers.norm import GroupNorm
 from ..layers.mlp import Mlp
-from .sd_unet import NORM_GROUPS, Downsample, ResnetBlock
+from ..layers.unet import NORM_GROUPS, Downsample, ResnetBlock
 
 
 @dataclass(frozen=True)

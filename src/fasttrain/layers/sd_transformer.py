@@ -1,6 +1,6 @@
 """The transformer block of SD v1's spatial transformers (diffusers' ``BasicTransformerBlock``):
-pre-LN self-attention, cross-attention to the text, GEGLU feed-forward, with the attention and
-the GEGLU that ``sd_unet`` builds them from. Module names follow diffusers."""
+pre-LN self-attention, cross-attention to the text, GEGLU feed-forward, with the attention it is
+built from; ``layers/unet.py``'s spatial transformer holds it. Module names follow diffusers."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers.attention import attention
-from ..layers.linear import linear, stackable, stacked_params
-from ..layers.mlp import GEGLU
-from ..layers.norm import LayerNorm
+from .attention import attention
+from .linear import linear, stackable, stacked_params
+from .mlp import GEGLU
+from .norm import LayerNorm
 
 Heads2 = tuple[torch.Tensor, torch.Tensor]
 
