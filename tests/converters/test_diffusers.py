@@ -24,6 +24,9 @@ with kernels_interpreted():
     import fasttrain.kernels.group_norm  # noqa: F401
     import fasttrain.kernels.norms  # noqa: F401
 
+from diffusers.models.attention_processor import (AttnProcessor2_0,  # noqa: E402
+                                                   IPAdapterAttnProcessor2_0)
+
 from fasttrain.converters import convert  # noqa: E402
 from fasttrain.converters import diffusers_sd  # noqa: E402
 from fasttrain.errors import FasttrainError  # noqa: E402
@@ -225,6 +228,88 @@ def test_calls_the_layers_do_not_compute_go_to_diffusers():
         up_want = model.up_blocks[0].upsamplers[0](x, output_size=(11, 11))
         assert up_got.shape == (1, 64, 11, 11)
         assert_close(up_got, up_want, PLAIN_REL, "upsampler with output_size")
+
+
+def test_resnet_calls_diffusers_only_warns_about_go_to_its_forward_with_one_silu():
+    """A ResNet block called with diffusers' deprecated ``scale`` goes to diffusers' forward,
+    with the converted norms plain for the call (diffusers applies its own SiLU after each);
+    the norms are the converted ones again afterwards."""
+    model = unet()
+    twin, _ = converted(model, kernels="groupnorm")
+    mine, theirs = twin.down_blocks[0].resnets[0], model.down_blocks[0].resnets[0]
+    x = torch.randn(2, 32, 8, 8)
+    temb = torch.randn(2, mine.time_emb_proj.in_features)
+    with torch.no_grad(), pytest.warns(FutureWarning):
+        assert_close(mine(x, temb, scale=1.0), theirs(x, temb), PLAIN_REL, "with scale")
+    assert mine.norm1.silu and mine.norm2.silu and mine.norm1.fused
+
+
+class Halving(AttnProcessor2_0):
+    """A processor of a user's own: half of plain attention."""
+
+    def __call__(self, *args, **kwargs):
+        return 0.5 * super().__call__(*args, **kwargs)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_a_processor_set_after_converting_is_honoured(fused):
+    """set_attn_processor after the conversion: the converted blocks hand their attention to
+    diffusers' processor (the output bias added once, also where the fused norms would have
+    added it), and give the library model's output with the same processor."""
+    model = unet()
+    twin, _ = converted(model, kernels="layernorm" if fused else "none")
+    for m in (model, twin):
+        m.set_attn_processor(Halving())
+    with torch.no_grad():
+        assert_close(twin(*unet_inputs(), return_dict=False)[0],
+                     model(*unet_inputs(), return_dict=False)[0], FUSED_REL, "halved attention")
+
+
+def test_an_ip_adapters_text_and_image_pair_goes_to_diffusers():
+    """An IP adapter's processor takes (text, image embeddings) as encoder_hidden_states: the
+    converted spatial transformer hands that call to diffusers and gives its output."""
+    model = unet()
+    torch.manual_seed(4)
+    ip = IPAdapterAttnProcessor2_0(hidden_size=32, cross_attention_dim=32, num_tokens=(4,))
+    ours, theirs = converted(model)[0].down_blocks[0].attentions[0], \
+        model.down_blocks[0].attentions[0]
+    for t in (ours, theirs):
+        t.transformer_blocks[0].attn2.set_processor(copy.deepcopy(ip))
+    x, text = torch.randn(2, 32, 8, 8), torch.randn(2, 5, 32)
+    image = [torch.randn(2, 1, 4, 32)]
+    with torch.no_grad():
+        got = ours(x, encoder_hidden_states=(text, image), return_dict=False)[0]
+        want = theirs(x, encoder_hidden_states=(text, image), return_dict=False)[0]
+    assert_close(got, want, PLAIN_REL, "ip adapter")
+
+
+class LoraLike(nn.Module):
+    """What a LoRA library puts in a linear layer's place: the layer plus a low-rank update."""
+
+    def __init__(self, base: nn.Linear):
+        super().__init__()
+        self.base = base
+        self.down = nn.Linear(base.in_features, 2, bias=False)
+        self.up = nn.Linear(2, base.out_features, bias=False)
+        nn.init.normal_(self.up.weight)
+
+    def forward(self, x):
+        return self.base(x) + self.up(self.down(x))
+
+
+def test_a_lora_wrapper_added_after_converting_runs_whole_on_the_fused_paths():
+    """A layer wrapped after the conversion (the attention's output projection, GEGLU's
+    projection): the fused norms and GEGLU kernel leave its bias to it and call it whole, so the
+    update is not lost."""
+    model = unet()
+    twin, _ = converted(model, kernels="layernorm,gelu")
+    for m in (model, twin):
+        block = m.down_blocks[0].attentions[0].transformer_blocks[0]
+        torch.manual_seed(9)
+        block.attn1.to_out[0] = LoraLike(block.attn1.to_out[0])
+        block.ff.net[0].proj = LoraLike(block.ff.net[0].proj)
+    assert_same_function(run(twin, unet_inputs()), run(model, unet_inputs()), FUSED_REL,
+                         "sample")
 
 
 def test_a_failed_numeric_self_check_leaves_the_module_as_it_was(monkeypatch):

@@ -142,6 +142,29 @@ def test_a_writer_function_on_a_full_disk_says_the_free_space(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_torch_save_on_a_full_disk_is_said_as_such(tmp_path, full_disk):
+    """torch's own file writer reports a full disk as "unexpected pos …"; through torch_save (the
+    consolidated checkpoint, a fit trial's save) it is a DiskFullError naming the file, and
+    nothing is left behind."""
+    import torch
+
+    from fasttrain.measure.files import torch_save
+
+    full_disk(100)
+    with pytest.raises(DiskFullError, match=r"^the disk is full: cannot write .*model\.pt"):
+        write_atomic(tmp_path / "model.pt", lambda tmp: torch_save({"w": torch.zeros(4096)}, tmp))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_torch_save_keeps_what_torch_load_reads(tmp_path):
+    import torch
+
+    from fasttrain.measure.files import torch_save
+
+    torch_save({"w": torch.arange(5.0)}, tmp_path / "x.pt")
+    assert torch.equal(torch.load(tmp_path / "x.pt", weights_only=True)["w"], torch.arange(5.0))
+
+
 def test_other_os_errors_stay_what_they_are(tmp_path):
     def writer(tmp):
         raise OSError(errno.EIO, "I/O error")

@@ -19,8 +19,9 @@ encoder's ``ResnetBlock2D``, the spatial transformer (``Transformer2DModel``), i
 Module names in diffusers and in fasttrain's SD are the same, so every parameter stays where it
 was. Every converted class keeps the library class too (``isinstance``, ``set_attn_processor``,
 ``save_pretrained``) and hands a call it does not compute — an attention mask, cross-attention
-kwargs, an ``output_size``, gradient checkpointing, feed-forward chunking — to the library's
-forward on the same module. What stays diffusers' own: the UNet's and the blocks' forward (so the
+kwargs, a processor set after the conversion, an IP adapter's (text, image) pair, an
+``output_size``, gradient checkpointing, feed-forward chunking — to the library's forward on the
+same module. What stays diffusers' own: the UNet's and the blocks' forward (so the
 UNet's 22 time projections run as 22 GEMMs, not the one of fasttrain's own UNet), the VAE's
 mid-block attention (its own GroupNorm and residual connection) and its downsamplers.
 """
@@ -34,6 +35,7 @@ from ..layers.norm import GroupNorm, LayerNorm
 from ..layers.sd_transformer import Attention, TransformerBlock
 from ..layers.unet import ResnetBlock, SpatialTransformer, Upsample
 from .registry import Converter, class_path, library_forward, swap_keeping_library
+from .torch_nn import dtype_unsupported
 
 RESNET = ("diffusers.models.resnet.ResnetBlock2D",)
 TRANSFORMER_2D = ("diffusers.models.transformers.transformer_2d.Transformer2DModel",)
@@ -50,7 +52,7 @@ def _group_norm_unsupported(norm: nn.Module, where: str) -> str | None:
         return f"{where} is {type(norm).__name__}, not an nn.GroupNorm"
     if not norm.affine:
         return f"{where} has no weight and bias"
-    return None
+    return dtype_unsupported(norm.weight, norm.bias)
 
 
 def _swap_group_norm(norm: nn.Module, silu: bool, x_bias_from: str | None = None) -> None:
@@ -74,8 +76,21 @@ class DiffusersResnetBlock(ResnetBlock):
     def forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None = None, *args,
                 **kwargs) -> torch.Tensor:
         if args or kwargs or (temb is not None and self.time_emb_proj is None):
-            return library_forward(self, input_tensor, temb, *args, **kwargs)
+            return self._library(input_tensor, temb, *args, **kwargs)
         return ResnetBlock.forward(self, input_tensor, temb)
+
+    def _library(self, *args, **kwargs) -> torch.Tensor:
+        """diffusers' forward, its norms plain GroupNorms for the call: the library applies its
+        own SiLU after each, which the converted norms would otherwise apply once more."""
+        norms = (self.norm1, self.norm2)
+        saved = [(n.silu, n.fused) for n in norms]
+        for n in norms:
+            n.silu, n.fused = False, False
+        try:
+            return library_forward(self, *args, **kwargs)
+        finally:
+            for n, (silu, fused) in zip(norms, saved):
+                n.silu, n.fused = silu, fused
 
 
 def _conv3(conv: nn.Module) -> bool:
@@ -130,15 +145,33 @@ class DiffusersAttention(Attention):
                 encoder_hidden_states: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, proj_bias: bool = True,
                 kv=None, **cross_attention_kwargs) -> torch.Tensor:
-        if attention_mask is not None or cross_attention_kwargs or hidden_states.dim() != 3:
+        if not computes(self, hidden_states, encoder_hidden_states, attention_mask,
+                        cross_attention_kwargs):
+            if not proj_bias:  # the converted block checks first: never reached from it
+                raise RuntimeError("a converted diffusers Attention without its output bias "
+                                   "cannot hand its call to diffusers")
             return library_forward(self, hidden_states, encoder_hidden_states, attention_mask,
                                    **cross_attention_kwargs)
         return Attention.forward(self, hidden_states, encoder_hidden_states, proj_bias, kv)
 
 
+def plain_processor(a: nn.Module) -> bool:
+    """Whether the attention's processor (now: one set after the conversion counts too) is
+    diffusers' plain scaled dot-product attention."""
+    cls = type(getattr(a, "processor", None))
+    return cls.__module__ == "diffusers.models.attention_processor" and cls.__name__ in PROCESSORS
+
+
+def computes(a: nn.Module, x, context, mask, kwargs) -> bool:
+    """Whether the converted attention computes this call: no mask, no processor kwargs, a plain
+    processor, a text that is one tensor (an IP adapter hands a tuple), tokens (B, T, C)."""
+    return (mask is None and not kwargs and plain_processor(a) and x.dim() == 3
+            and (context is None or isinstance(context, torch.Tensor)))
+
+
 def attention_unsupported(a: nn.Module) -> str | None:
-    processor = type(getattr(a, "processor", None)).__name__
-    if processor not in PROCESSORS:
+    if not plain_processor(a):
+        processor = type(getattr(a, "processor", None)).__name__
         return f"processor {processor} is not plain scaled dot-product attention"
     extras = [name for name in ("group_norm", "spatial_norm", "norm_q", "norm_k", "norm_cross",
                                 "add_q_proj", "add_k_proj", "add_v_proj")
@@ -159,6 +192,8 @@ def attention_unsupported(a: nn.Module) -> str | None:
     dim = a.to_q.out_features
     if dim % a.heads or a.to_k.out_features != dim or a.to_v.out_features != dim:
         return f"{a.heads} heads do not split q, k and v of width {dim} evenly"
+    if a.to_q.in_features != dim or a.to_out[0].in_features != dim:
+        return f"an inner width {dim} other than the input's {a.to_q.in_features}"
     if abs(a.scale - (dim // a.heads) ** -0.5) > 1e-12:
         return f"scale {a.scale} is not 1/√(head dim)"
     return None
@@ -196,7 +231,7 @@ class DiffusersGEGLU(GEGLU):
 def geglu_unsupported(g: nn.Module) -> str | None:
     if type(g.proj) is not nn.Linear or g.proj.bias is None:
         return "its projection is not a plain nn.Linear with a bias"
-    return None
+    return dtype_unsupported(g.proj.weight, g.proj.bias)
 
 
 def swap_geglu(g: nn.Module) -> None:
@@ -216,12 +251,19 @@ class DiffusersTransformerBlock(TransformerBlock):
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 encoder_hidden_states: torch.Tensor | None = None, *args, **kwargs
                 ) -> torch.Tensor:
-        extras = args or any(v is not None for v in kwargs.values())
-        if (extras or attention_mask is not None or encoder_hidden_states is None
-                or self._chunk_size is not None):
+        extras = args or any(_given(v) for v in kwargs.values())
+        if (extras or encoder_hidden_states is None or self._chunk_size is not None
+                or not all(computes(a, hidden_states, encoder_hidden_states, attention_mask, {})
+                           for a in (self.attn1, self.attn2))):
             return library_forward(self, hidden_states, attention_mask, encoder_hidden_states,
                                    *args, **kwargs)
         return TransformerBlock.forward(self, hidden_states, encoder_hidden_states)
+
+
+def _given(value) -> bool:
+    """An argument that asks for something: not None, and not an empty dict
+    (``cross_attention_kwargs={}``)."""
+    return value is not None and not (isinstance(value, dict) and not value)
 
 
 def block_unsupported(m: nn.Module) -> str | None:
@@ -233,6 +275,8 @@ def block_unsupported(m: nn.Module) -> str | None:
         norm = getattr(m, where)
         if type(norm) is not nn.LayerNorm or norm.weight is None or norm.bias is None:
             return f"{where} is not an nn.LayerNorm with weight and bias"
+        if why := dtype_unsupported(norm.weight, norm.bias):
+            return why
     for where in ("attn1", "attn2"):
         attn = getattr(m, where)
         if class_path(attn) not in ATTENTION:
@@ -267,9 +311,9 @@ class DiffusersSpatialTransformer(SpatialTransformer):
     def forward(self, hidden_states: torch.Tensor,
                 encoder_hidden_states: torch.Tensor | None = None, *args, return_dict: bool = True,
                 **kwargs):
-        extras = args or any(v is not None for v in kwargs.values())
+        extras = args or any(_given(v) for v in kwargs.values())
         checkpointing = self.gradient_checkpointing and torch.is_grad_enabled()
-        if extras or encoder_hidden_states is None or checkpointing:
+        if (extras or not isinstance(encoder_hidden_states, torch.Tensor) or checkpointing):
             return library_forward(self, hidden_states, encoder_hidden_states, *args,
                                    return_dict=return_dict, **kwargs)
         out = SpatialTransformer.forward(self, hidden_states, encoder_hidden_states)

@@ -12,6 +12,7 @@ import resource
 import statistics
 import traceback
 
+from ..measure.files import torch_save
 from ..run.child import ChildSpec
 from ..run.loop import Observer
 from ..run.scratch import scratch
@@ -32,7 +33,7 @@ def _eval_and_save(state, batch) -> None:
         wl.loss(model, batch)
     model.train()
     with scratch("trial") as tmp:
-        torch.save({"model": model.state_dict(),
+        torch_save({"model": model.state_dict(),
                     "optimizer": state.optimizer.state_dict() if hasattr(
                         state.optimizer, "state_dict") else {}}, tmp / "ckpt.pt")
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .fused import FusedPath
-from .linear import Float8Linear, PaddedLinear, linear
+from .linear import Float8Linear, PaddedLinear, bias_apart, linear
 
 
 class Mlp(FusedPath, nn.Module):
@@ -144,10 +144,10 @@ class GEGLU(FusedPath, nn.Module):
     def fp32_params(self) -> list[nn.Parameter]:
         """What the fused path reads outside autocast's casts: the projection's bias, added in
         fp32 in the kernel (bf16 master weights leave it fp32, techniques/optimizer.py)."""
-        return [self.proj.bias] if self.fused else []
+        return [self.proj.bias] if self.fused and bias_apart(self.proj) else []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused:
+        if self.fused and bias_apart(self.proj):  # else (a LoRA-wrapped proj) the plain path
             from ..kernels.geglu import geglu
 
             return geglu(linear(self.proj, x, bias=False), self.proj.bias)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import attention
-from .linear import linear, stackable, stacked_params
+from .linear import bias_apart, linear, stackable, stacked_params
 from .mlp import GEGLU
 from .norm import LayerNorm
 
@@ -102,17 +102,23 @@ class TransformerBlock(nn.Module):
         self.norm3 = LayerNorm(dim, feeds_matmul=True)
         self.ff = FeedForward(dim)
 
+    def _fuse_biases(self) -> bool:
+        """Whether the fused norms add the attention output projections' biases: on the fused
+        path, where both projections run their matmul apart from the bias (``bias_apart``)."""
+        return (self.norm2.takes_bias() and bias_apart(self.attn1.to_out[0])
+                and bias_apart(self.attn2.to_out[0]))
+
     def fp32_params(self) -> list[nn.Parameter]:
         """The output projections' biases the fused norms add themselves, outside autocast's
         casts (bf16 master weights leave them fp32, techniques/optimizer.py)."""
-        if not self.norm2.takes_bias():
+        if not self._fuse_biases():
             return []
         return [a.to_out[0].bias for a in (self.attn1, self.attn2)]
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, kv: Heads2 | None = None
                 ) -> torch.Tensor:
         """``kv``: the text's keys and values for attn2, already projected (or None)."""
-        fuse = self.norm2.takes_bias()
+        fuse = self._fuse_biases()
         a = self.attn1(self.norm1(x), proj_bias=not fuse)
         y, x = self.norm2.add(a, x, self.attn1.to_out[0].bias if fuse else None)
         a = self.attn2(y, context, proj_bias=not fuse, kv=kv)

@@ -45,8 +45,10 @@ class ResnetBlock(nn.Module):
         self.conv_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
 
     def _bias_into_norm2(self) -> bool:
-        """Whether conv1 runs without its bias and norm2's kernels add it."""
-        return self.norm2.takes_bias() and self.conv1.bias is not None
+        """Whether conv1 runs without its bias and norm2's kernels add it: on the fused path, for
+        a plain ``nn.Conv2d`` (a convolution another library wrapped runs whole)."""
+        return (self.norm2.takes_bias() and type(self.conv1) is nn.Conv2d
+                and self.conv1.bias is not None)
 
     def fp32_params(self) -> list[nn.Parameter]:
         """What the fused path reads outside autocast's casts: conv1's bias, added in fp32 in

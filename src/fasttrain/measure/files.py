@@ -45,6 +45,19 @@ def write_atomic(path: str | Path, data: Content) -> Path:
     return path
 
 
+def torch_save(obj, path: str | Path) -> None:
+    """``torch.save(obj, path)`` through a Python file, flushed to disk. torch's own file writer
+    reports a full disk as ``unexpected pos 704 vs 598``; written through a Python file the same
+    failure is an ``OSError`` of ENOSPC, which ``write_atomic`` and the command line name as a
+    full disk. For ``write_atomic(path, lambda tmp: torch_save(obj, tmp))``."""
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def write_folder_atomic(folder: str | Path, fill: Callable[[Path], None]) -> Path:
     """A folder written whole or not at all: ``fill`` writes its files into a temporary folder
     beside it, which is marked complete and renamed into place. A complete folder already there
@@ -96,10 +109,11 @@ def append_line(path: str | Path, line: str) -> None:
 @contextlib.contextmanager
 def _no_room_is(path: Path, needed: int | None) -> Iterator[None]:
     """An ``OSError`` of a full disk or quota inside the block becomes a one-line
-    :class:`~fasttrain.errors.DiskFullError` naming ``path`` and the ``needed`` bytes."""
+    :class:`~fasttrain.errors.DiskFullError` naming ``path`` and the ``needed`` bytes; so does
+    a ``RuntimeError`` raised while handling one (torch's file writer, after a failed write)."""
     try:
         yield
-    except OSError as err:
+    except (OSError, RuntimeError) as err:
         full = disk_full(err, path, needed)
         if full is None:
             raise

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from ..distributed import env as dist_env
 from ..errors import FasttrainError, describe_error
-from ..measure.files import write_atomic
+from ..measure.files import torch_save, write_atomic
 from ..techniques.base import TrainState
 from ..techniques.optimizer import continue_schedule, schedule_record
 from . import named_state, step_folders
@@ -321,7 +321,7 @@ def export(folder: str | Path, file: str | Path) -> Path:
     folder = resolve(folder)
     full: dict = {}  # what dcp_to_torch_save does, through the safe reader and planner
     _dcp_load(full, folder, _SafeExportPlanner(), whole=True)
-    return write_atomic(file, lambda tmp: torch.save(full, tmp))  # never a half file
+    return write_atomic(file, lambda tmp: torch_save(full, tmp))  # never a half file
 
 
 def model_weights(folder: str | Path, workload=None) -> dict[str, torch.Tensor]:
