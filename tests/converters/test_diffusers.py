@@ -16,7 +16,7 @@ diffusers = pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 pytest.importorskip("triton")
 
-from tests.converters.compare import assert_close, assert_same_function  # noqa: E402
+from tests.converters.compare import LoraLike, assert_close, assert_same_function  # noqa: E402
 from tests.interpreted import interpret, kernels_interpreted  # noqa: E402,F401
 
 with kernels_interpreted():
@@ -281,20 +281,6 @@ def test_an_ip_adapters_text_and_image_pair_goes_to_diffusers():
         got = ours(x, encoder_hidden_states=(text, image), return_dict=False)[0]
         want = theirs(x, encoder_hidden_states=(text, image), return_dict=False)[0]
     assert_close(got, want, PLAIN_REL, "ip adapter")
-
-
-class LoraLike(nn.Module):
-    """What a LoRA library puts in a linear layer's place: the layer plus a low-rank update."""
-
-    def __init__(self, base: nn.Linear):
-        super().__init__()
-        self.base = base
-        self.down = nn.Linear(base.in_features, 2, bias=False)
-        self.up = nn.Linear(2, base.out_features, bias=False)
-        nn.init.normal_(self.up.weight)
-
-    def forward(self, x):
-        return self.base(x) + self.up(self.down(x))
 
 
 def test_a_lora_wrapper_added_after_converting_runs_whole_on_the_fused_paths():

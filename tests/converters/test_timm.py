@@ -20,7 +20,7 @@ if timm is None:
     pytest.skip("timm is not installed", allow_module_level=True)
 pytest.importorskip("triton")
 
-from tests.converters.compare import assert_close, assert_same_function  # noqa: E402
+from tests.converters.compare import LoraLike, assert_close, assert_same_function  # noqa: E402
 from tests.interpreted import interpret, kernels_interpreted  # noqa: E402,F401
 
 with kernels_interpreted():
@@ -133,6 +133,21 @@ def test_fused_paths_keep_the_output_and_every_gradient(key):
     assert kinds == ({"patch", "layernorm", "gelu", "window"} if key == "swin"
                      else {"patch", "layernorm", "gelu", "attention"})
     assert not any("kept on SDPA" in s for s in said)
+    assert_same_function(run(twin, x), run(model, x), FUSED_REL)
+
+
+def test_a_lora_wrapper_added_after_converting_runs_whole_on_the_fused_paths():
+    """Layers wrapped after the conversion (the attention's proj, the MLP's fc1 and fc2): the
+    fused norms and the bias + GELU kernel leave their biases to them and call them whole, so
+    the update is not lost; the blocks without a wrapper keep handing their branch on."""
+    model, x = build("vit")
+    twin, _ = converted(model)
+    use_fused(twin)
+    for m in (model, twin):
+        torch.manual_seed(9)
+        blk = m.blocks[0]
+        blk.attn.proj = LoraLike(blk.attn.proj)
+        blk.mlp.fc1, blk.mlp.fc2 = LoraLike(blk.mlp.fc1), LoraLike(blk.mlp.fc2)
     assert_same_function(run(twin, x), run(model, x), FUSED_REL)
 
 

@@ -60,7 +60,19 @@ def import_timm():
         for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
             del sys.modules[name]
         if not any(isinstance(f, _EmptyPackages) for f in sys.meta_path):
+            _before_the_stub()
             sys.meta_path.insert(0, _EmptyPackages())
     import timm
 
     return timm
+
+
+def _before_the_stub() -> None:
+    """diffusers and transformers note which packages exist (diffusers at import, transformers
+    at its first question, cached), and would otherwise find the stub's torchvision and read a
+    version no package metadata gives ("N/A", which their version checks refuse): let them take
+    their note while torchvision is really absent."""
+    if importlib.util.find_spec("diffusers") is not None:
+        importlib.import_module("diffusers.utils.import_utils")
+    if importlib.util.find_spec("transformers") is not None:
+        importlib.import_module("transformers.utils.import_utils").is_torchvision_available()

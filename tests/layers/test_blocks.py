@@ -61,13 +61,19 @@ def test_fused_blocks_hand_their_branch_on_and_keep_every_gradient(name):
 
 
 def test_only_fused_unsharded_blocks_hand_their_branch_on():
+    """Blocks hand their MLP branch on where their norms are fused, they are not sharded and
+    their projections are plain layers."""
     from torch.distributed.fsdp import FSDPModule
 
     calls = []
 
+    from types import SimpleNamespace
+
     class Block(torch.nn.Module):
         norm2 = LayerNorm(2)
         norm2.fused = True
+        attn = SimpleNamespace(proj=torch.nn.Linear(2, 2))
+        mlp = SimpleNamespace(fc2=torch.nn.Linear(2, 2))
 
         def forward(self, x, branch, hand_on):
             calls.append(hand_on)
@@ -87,6 +93,11 @@ def test_only_fused_unsharded_blocks_hand_their_branch_on():
         b.__class__ = type("FSDPBlock", (FSDPModule, Block), {})
     run_blocks(sharded, x)
     assert calls == [False, False]
+    calls.clear()
+    wrapped = Block()  # a layer another library wrapped: its bias is not the norm's to add
+    wrapped.mlp = SimpleNamespace(fc2=torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    run_blocks([wrapped, Block(), Block()], x)
+    assert calls == [False, True, False]
 
 
 def test_layers_whose_bias_a_kernel_adds_keep_their_float8_matmul(monkeypatch):

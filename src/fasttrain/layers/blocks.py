@@ -15,6 +15,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from .linear import bias_apart
+
 Branch = Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]
 """A block's MLP output and the bias fc2 left out (or None), not yet added to the residual
 stream: for the next block's norm1 to add."""
@@ -37,7 +39,7 @@ def pre_norm_block(block: nn.Module, x: torch.Tensor, branch: Branch, hand_on: b
         y = block.norm1(x)
     else:
         y, x = block.norm1.add(branch[0], x, branch[1])
-    fuse = block.norm2.takes_bias() and post is None
+    fuse = biases_apart(block) and post is None
     a = block.attn(y, mask, proj_bias=not fuse)
     if post is not None:
         a = post[0](a)
@@ -50,11 +52,19 @@ def pre_norm_block(block: nn.Module, x: torch.Tensor, branch: Branch, hand_on: b
     return x + block.mlp(y), None
 
 
+def biases_apart(block: nn.Module) -> bool:
+    """Whether the block's fused norms add the attention projection's and fc2's biases: on the
+    fused path, where both layers run their matmul apart from the bias (``bias_apart``: not a
+    layer another library wrapped after the conversion, which runs whole)."""
+    return (block.norm2.takes_bias() and bias_apart(block.attn.proj)
+            and bias_apart(block.mlp.fc2))
+
+
 def block_fp32_params(block: nn.Module, post: Post = None) -> list[nn.Parameter]:
     """The biases the fused norms add themselves, outside autocast's casts (bf16 master
     weights leave them fp32, ``techniques/optimizer.py``); none where ``post`` keeps them in
     the branches."""
-    if not block.norm2.takes_bias() or post is not None:
+    if not biases_apart(block) or post is not None:
         return []
     return [b for b in (block.attn.proj.bias, block.mlp.fc2.bias) if b is not None]
 
@@ -69,7 +79,7 @@ def run_blocks(blocks: Sequence[nn.Module], x: torch.Tensor, links: bool = False
 
     branch: Branch = None
     for i, blk in enumerate(blocks):
-        hand_on = (i + 1 < len(blocks) and blk.norm2.takes_bias()
+        hand_on = (i + 1 < len(blocks) and biases_apart(blk)
                    and not isinstance(blk, FSDPModule))
         if links:
             x, branch = blk(x, branch=branch, hand_on=hand_on, chained=True)

@@ -66,11 +66,10 @@ def linear(layer: nn.Linear, x: torch.Tensor, bias: bool = True) -> torch.Tensor
 
 def bias_apart(layer: nn.Module) -> bool:
     """Whether ``linear(layer, x, bias=False)`` computes ``layer(x)`` less its bias: a plain
-    ``nn.Linear`` or one of the two kinds fasttrain swaps in, with a bias. A layer another
-    library put in its place (a LoRA wrapper, say) does more than its weight, so a fused path
-    that adds the bias itself must call it whole instead."""
-    return (type(layer) in (nn.Linear, PaddedLinear, Float8Linear)
-            and getattr(layer, "bias", None) is not None)
+    ``nn.Linear`` or one of the two kinds fasttrain swaps in. A layer another library put in
+    its place (a LoRA wrapper, say) does more than its weight, so a fused path that adds the
+    bias itself must call it whole instead."""
+    return type(layer) in (nn.Linear, PaddedLinear, Float8Linear)
 
 
 def _plain(p: torch.Tensor | None) -> bool:

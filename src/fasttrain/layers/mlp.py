@@ -33,11 +33,13 @@ class Mlp(FusedPath, nn.Module):
     def fp32_params(self) -> list[nn.Parameter]:
         """What the fused path reads outside autocast's casts: fc1's bias, added in fp32 inside
         the kernel (bf16 master weights leave it fp32, techniques/optimizer.py)."""
-        return [self.fc1.bias] if self.fused and self.fc1.bias is not None else []
+        fused = self.fused and bias_apart(self.fc1) and self.fc1.bias is not None
+        return [self.fc1.bias] if fused else []
 
     def forward(self, x: torch.Tensor, fc2_bias: bool = True) -> torch.Tensor:
-        """``fc2_bias=False`` leaves fc2's bias out, for the caller to add (``LayerNorm.add``)."""
-        if self.fused:
+        """``fc2_bias=False`` leaves fc2's bias out, for the caller to add (``LayerNorm.add``);
+        only a plain fc2 is asked to (``bias_apart``). A wrapped fc1 runs whole."""
+        if self.fused and bias_apart(self.fc1):
             from ..kernels.activations import bias_gelu
 
             h = bias_gelu(linear(self.fc1, x, bias=False), self.fc1.bias, self.approximate)
