@@ -31,10 +31,11 @@ import torch
 from torch import nn
 
 from ..layers.mlp import GEGLU
-from ..layers.norm import GroupNorm, LayerNorm
+from ..layers.norm import GroupNorm
 from ..layers.sd_transformer import Attention, TransformerBlock
-from ..layers.unet import ResnetBlock, SpatialTransformer, Upsample
+from ..layers.unet import ResnetBlock, SpatialTransformer, Upsample, norm2_bias_from
 from .registry import Converter, class_path, library_forward, swap_keeping_library
+from .timm_vit import layer_norm_unsupported, swap_layer_norm
 from .torch_nn import dtype_unsupported
 
 RESNET = ("diffusers.models.resnet.ResnetBlock2D",)
@@ -122,8 +123,8 @@ def resnet_unsupported(m: nn.Module) -> str | None:
 
 def swap_resnet(m: nn.Module) -> None:
     _swap_group_norm(m.norm1, silu=True)
-    what = "the convolution's bias" + (" and time embedding" if m.time_emb_proj is not None else "")
-    _swap_group_norm(m.norm2, silu=True, x_bias_from=what)
+    _swap_group_norm(m.norm2, silu=True,
+                     x_bias_from=norm2_bias_from(m.time_emb_proj is not None))
     swap_keeping_library(m, DiffusersResnetBlock)
 
 
@@ -173,8 +174,8 @@ def attention_unsupported(a: nn.Module) -> str | None:
     if not plain_processor(a):
         processor = type(getattr(a, "processor", None)).__name__
         return f"processor {processor} is not plain scaled dot-product attention"
-    extras = [name for name in ("group_norm", "spatial_norm", "norm_q", "norm_k", "norm_cross",
-                                "add_q_proj", "add_k_proj", "add_v_proj")
+    extras = [name for name in ("norm_q", "norm_k", "norm_cross", "add_q_proj", "add_k_proj",
+                                "add_v_proj")
               if getattr(a, name, None) is not None]
     if extras:
         return f"its own {', '.join(extras)}"
@@ -273,9 +274,8 @@ def block_unsupported(m: nn.Module) -> str | None:
         return "not self-attention then cross-attention to the text"
     for where in ("norm1", "norm2", "norm3"):
         norm = getattr(m, where)
-        if type(norm) is not nn.LayerNorm or norm.weight is None or norm.bias is None:
-            return f"{where} is not an nn.LayerNorm with weight and bias"
-        if why := dtype_unsupported(norm.weight, norm.bias):
+        why = layer_norm_unsupported(norm, where) or dtype_unsupported(norm.weight, norm.bias)
+        if why:
             return why
     for where in ("attn1", "attn2"):
         attn = getattr(m, where)
@@ -288,9 +288,7 @@ def block_unsupported(m: nn.Module) -> str | None:
 
 def swap_block(m: nn.Module) -> None:
     for where in ("norm1", "norm2", "norm3"):
-        norm = getattr(m, where)
-        norm.__class__ = LayerNorm
-        norm.feeds_matmul, norm.fused = True, False
+        swap_layer_norm(getattr(m, where), feeds_matmul=True)
     swap_attention(m.attn1)
     swap_attention(m.attn2)
     if class_path(m.ff.net[0]) in GEGLU_CLASS and geglu_unsupported(m.ff.net[0]) is None:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .fused import FusedPath
-from .linear import Float8Linear, PaddedLinear, bias_apart, linear
+from .linear import bias_apart, linear
 
 
 class Mlp(FusedPath, nn.Module):
@@ -48,16 +48,13 @@ class Mlp(FusedPath, nn.Module):
         return linear(self.fc2, h, bias=fc2_bias)
 
 
-GELU_LINEARS = (nn.Linear, PaddedLinear, Float8Linear)  # whose matmul ``linear`` runs bias-free
-
-
 def gelu_pairs(modules: list[nn.Module]) -> list[int]:
     """Indices i where ``modules[i]`` is a linear layer ``linear`` can run without its bias (a
     plain ``nn.Linear``, or one the fp8 or gemm_pad switches made) and ``modules[i + 1]`` an
     ``nn.GELU``: the pairs the bias + GELU kernel computes, none overlapping."""
     out: list[int] = []
     for i in range(len(modules) - 1):
-        if (type(modules[i]) in GELU_LINEARS and type(modules[i + 1]) is nn.GELU
+        if (bias_apart(modules[i]) and type(modules[i + 1]) is nn.GELU
                 and (not out or out[-1] != i - 1)):
             out.append(i)
     return out

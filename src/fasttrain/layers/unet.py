@@ -24,6 +24,11 @@ def _format(x: torch.Tensor) -> torch.memory_format:
     return torch.channels_last if nhwc else torch.contiguous_format
 
 
+def norm2_bias_from(time_embedding: bool) -> str:
+    """What a ResNet block's norm2 adds in its kernels (its fused path says so)."""
+    return "the convolution's bias" + (" and time embedding" if time_embedding else "")
+
+
 class ResnetBlock(nn.Module):
     """diffusers ``ResnetBlock2D``: GN-SiLU-conv, + time embedding, GN-SiLU-conv, + shortcut.
 
@@ -39,8 +44,8 @@ class ResnetBlock(nn.Module):
         self.norm1 = GroupNorm(NORM_GROUPS, cin, eps=eps, silu=True)
         self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
         self.time_emb_proj = nn.Linear(temb, cout) if temb else None
-        what = "the convolution's bias" + (" and time embedding" if temb else "")
-        self.norm2 = GroupNorm(NORM_GROUPS, cout, eps=eps, silu=True, x_bias_from=what)
+        self.norm2 = GroupNorm(NORM_GROUPS, cout, eps=eps, silu=True,
+                               x_bias_from=norm2_bias_from(bool(temb)))
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
         self.conv_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
 
