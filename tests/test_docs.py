@@ -107,3 +107,16 @@ def test_a_ratio_measured_once_each_side(tmp_path, monkeypatch, capsys):
     assert _fill(f"{{once:{once}}}", {}, read) == f"{want:.2f}×"
     with pytest.raises(FasttrainError, match="not one run of each side"):
         _fill("{once:ladder-vit-base-20261126-011526}", {}, read)
+
+
+def test_an_own_model_row_of_two_kinds_of_gpu_is_one_line(tmp_path, monkeypatch, capsys):
+    """A ladder and a Step file measured on different GPUs are not paired in one row."""
+    repo = _repo(tmp_path)
+    spec = repo / "docs/results.toml"
+    spec.write_text(spec.read_text().replace("step-vs-loop-vit-base-20261127-0405.jsonl",
+                                             "step-vs-loop-vit-base-20261126-1700.jsonl"))
+    monkeypatch.chdir(repo)
+    assert main(["docs"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "H100, H200" in err and "one kind a row" in err
+    assert (repo / "docs/results.md").read_text() == (ROOT / "docs/results.md").read_text()

@@ -11,7 +11,7 @@ def test_own_loop_step_example():
     example = importlib.import_module("examples.step_own_loop")
     plain, _ = example.main(steps=4, use_step=False, device="cpu")
     stepped, report = example.main(steps=4, use_step=True, device="cpu")
-    assert "torch LayerNorm ×5" in report and "yours: AdamW" in report
+    assert "torch pre-norm block ×2; torch LayerNorm ×1" in report and "yours: AdamW" in report
     assert stepped == pytest.approx(plain, rel=1e-5)
 
 
@@ -39,8 +39,8 @@ def test_hf_trainer_step_example():
 
 
 def test_the_example_recipes_are_steps_default_plus_the_loader():
-    """examples/recipes/fast.toml is fasttrain.Step's default with the loader's switches; the
-    conv variant adds channels-last and nothing else."""
+    """examples/recipes/fast.toml is fasttrain.Step's default with the loader's switches and the
+    bf16 residual stream; the conv variant has channels-last instead of the stream."""
     from pathlib import Path
 
     from fasttrain.recipe import load_toml
@@ -50,5 +50,6 @@ def test_the_example_recipes_are_steps_default_plus_the_loader():
     fast, conv = load_toml(here / "fast.toml"), load_toml(here / "fast-conv.toml")
     loader = {"workers", "pin_memory", "non_blocking", "device_prefetch"}
     differs = {k for k, v in fast.to_dict().items() if v != DEFAULT.to_dict()[k]}
-    assert differs == loader
-    assert {k for k, v in conv.to_dict().items() if v != fast.to_dict()[k]} == {"channels_last"}
+    assert differs == loader | {"stream_dtype"} and fast.stream_dtype == "bf16"
+    assert {k for k, v in conv.to_dict().items() if v != fast.to_dict()[k]} == {
+        "channels_last", "stream_dtype"}

@@ -260,6 +260,28 @@ class Everything(nn.Module):
         return x + self.mlp(self.rms(x))
 
 
+# ----------------------------------------------------------------------------- patch projection
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_patch_projection_matches_torch(dtype, bias):
+    """Output and gradients of the image, weight and bias; an image that does not tile (the
+    convolution leaves its last rows and columns out) and an unbatched one."""
+    conv = randomise(nn.Conv2d(3, 12, 4, stride=4, bias=bias))
+    twin = check_module(conv, torch.randn(2, 3, 18, 23), dtype=dtype)
+    assert type(twin).__name__ == "PatchEmbed" and twin.as_gemm
+    x = torch.randn(3, 16, 12, dtype=dtype)
+    assert_same([twin(x)], [conv(x)], FUSED_REL if dtype == torch.float32 else BF16_REL)
+
+
+def test_convolutions_that_are_not_patch_projections_are_passed_over():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 2, stride=2),
+                          nn.Conv2d(3, 8, 4, stride=2), nn.Conv2d(3, 8, (4, 2), stride=(4, 2)))
+    report = convert(model)
+    assert not report and not report.skipped
+    assert all(type(m) is nn.Conv2d for m in model)
+
+
 def test_state_dict_round_trip_and_parameter_objects():
     model = randomise(Everything())
     before = {n: p for n, p in model.named_parameters()}
@@ -295,6 +317,10 @@ REFUSED = {  # module → the reason's words
     "mha bias_kv": (lambda: nn.MultiheadAttention(8, 2, add_bias_kv=True), "add_bias_kv"),
     "mha zero attn": (lambda: nn.MultiheadAttention(8, 2, add_zero_attn=True), "add_zero_attn"),
     "mha dropout": (lambda: nn.MultiheadAttention(8, 2, dropout=0.1), "dropout 0.1"),
+    "padded patches": (lambda: nn.Conv2d(3, 8, 4, stride=4, padding=1), "padding (1, 1)"),
+    "grouped patches": (lambda: nn.Conv2d(3, 6, 4, stride=4, groups=3), "grouped"),
+    "float64 patches": (lambda: nn.Conv2d(3, 8, 4, stride=4).double(),
+                        "torch.float64 parameters"),
 }
 
 
@@ -474,8 +500,9 @@ def batches(name: str, n: int = 3):
 
 MODELS = {"gpt": TinyGPT, "vit": TinyViT, "encoder": TinyEncoder}
 EXPECTED = {
-    "gpt": {"torch LayerNorm": 5, "torch Sequential Linear → GELU": 2},
-    "vit": {"torch LayerNorm": 5, "torch Sequential Linear → GELU": 2},
+    "gpt": {"torch pre-norm block": 2, "torch LayerNorm": 1, "torch Sequential Linear → GELU": 2},
+    "vit": {"torch pre-norm block": 2, "torch LayerNorm": 1, "torch Sequential Linear → GELU": 2,
+            "torch Conv2d patch projection": 1},
     "encoder": {"torch LayerNorm": 4, "torch MultiheadAttention": 2},
 }
 
@@ -598,7 +625,9 @@ def test_a_plain_vit_workload_with_convert_and_kernels_trains_as_without():
         res = train(wl, Recipe(convert=True, kernels="fused", **extra), steps=2, warmup=1,
                     device="cpu")
         assert res.losses == pytest.approx(plain.losses, rel=1e-4)
-        assert res.applied["convert"] == "torch LayerNorm ×5; torch Sequential Linear → GELU ×2"
+        assert res.applied["convert"] == (
+            "torch Conv2d patch projection ×1; torch pre-norm block ×2; "
+            "torch Sequential Linear → GELU ×2; torch LayerNorm ×1")
         assert res.applied["kernels"].endswith(
             f"F.scaled_dot_product_attention: {traced} calls to the Triton self-attention kernel")
         assert not res.warnings and not res.no_effect, (res.warnings, res.no_effect)

@@ -22,7 +22,7 @@ from ..errors import FasttrainError
 from ..layers.blocks import ChainedBlocks, chainable
 from ..layers.fused import fused_layers, switch_fused
 from ..recipe import kernel_families
-from .registry import Converter, class_path, concerns, list_converters, registry
+from .registry import Converter, Finder, by_structure, list_converters, registry
 
 CHECK_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # of the output's largest magnitude
 CHECK_RTOL_16BIT = 2e-2
@@ -79,11 +79,11 @@ def convert(model: nn.Module, kernels: str = "none", check: bool = True,
     if not isinstance(model, nn.Module):
         raise FasttrainError(f"convert takes a torch.nn.Module, not {type(model).__name__}")
     families = kernel_families(kernels)
-    table = registry()
+    find = Finder(registry(), by_structure())
     report = ConvertReport()
     for path, module in list(model.named_modules()):
-        conv = table.get(class_path(module))
-        if conv is None or not concerns(conv, module):
+        conv = find(module)
+        if conv is None:
             continue
         why = conv.unsupported(module)
         if why is None and check and conv.sample is not None:
@@ -110,10 +110,10 @@ def convertible(model: nn.Module) -> bool:
     """Whether ``convert`` would find something to convert in ``model``: a module a converter
     recognises, is about and computes as configured (``unsupported`` says nothing against it;
     the numeric self-check is not run)."""
-    table = registry()
+    find = Finder(registry(), by_structure())
     for module in model.modules():
-        conv = table.get(class_path(module))
-        if conv is not None and concerns(conv, module) and conv.unsupported(module) is None:
+        conv = find(module)
+        if conv is not None and conv.unsupported(module) is None:
             return True
     return False
 
@@ -157,11 +157,14 @@ def self_check(conv: Converter, module: nn.Module) -> str | None:
         cuda = [first.device.index or 0] if first.device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=cuda):  # the caller's RNG untouched
             torch.manual_seed(0)  # the same random draws (stochastic depth) on both sides
-            want = _output(module(*args, **kwargs))
+            want = module(*args, **kwargs)
             torch.manual_seed(0)
-            got = _output(twin(*args, **kwargs))
+            got = twin(*args, **kwargs)
     except Exception as err:  # noqa: BLE001 — a failed check keeps the module, with the reason
         return f"numeric self-check failed ({type(err).__name__}: {str(err).splitlines()[0][:120]})"
+    if not conv.sources and type(got) is not type(want):  # recognised by structure: as it is
+        return f"{conv.differs} (it returns {type(want).__name__})"
+    want, got = _output(want), _output(got)
     if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
         return (f"numeric self-check failed (output {type(got).__name__}, the library's "
                 f"{type(want).__name__})")
@@ -171,7 +174,7 @@ def self_check(conv: Converter, module: nn.Module) -> str | None:
     diff = float((got.float() - want.float()).abs().max())
     tol = CHECK_RTOL.get(want.dtype, CHECK_RTOL_16BIT) * scale
     if not diff <= tol:  # also catches NaN
-        return f"numeric self-check failed (largest difference {diff:.3g} > {tol:.3g})"
+        return f"{conv.differs} (largest difference {diff:.3g} > {tol:.3g})"
     return None
 
 

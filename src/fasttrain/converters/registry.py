@@ -27,7 +27,8 @@ class Converter:
     """Short name of what it converts, for reports: ``timm ViT Block``."""
     sources: tuple[str, ...]
     """Import paths (``module.QualName``) of the public class, in every library version that
-    defines it in a different module."""
+    defines it in a different module. Empty: a converter that recognises a module of any
+    class by what it holds (``candidate``), tried where no converter names the class."""
     becomes: str
     """What the module becomes, in words."""
     unsupported: Callable[[nn.Module], str | None]
@@ -43,6 +44,9 @@ class Converter:
     """Whether a module of the class is one this converter is about at all (None: every one):
     one that is not is passed over without a word (an ``nn.Sequential`` without a Linear →
     GELU pair), where ``unsupported`` reports a reason."""
+    differs: str = "numeric self-check failed"
+    """What a self-check that finds another output says (before the largest difference): for a
+    converter that recognises modules by structure, that the module computes something else."""
 
 
 SAMPLE_TOKENS = 7  # tokens of a self-check's sample sequence
@@ -55,7 +59,7 @@ def sequence_sample(width_of: Callable[[nn.Module], int]):
     return sample
 
 
-_MODULES = ("timm_vit", "timm_swin", "hf_llama", "diffusers_sd", "torch_nn")
+_MODULES = ("timm_vit", "timm_swin", "hf_llama", "diffusers_sd", "torch_nn", "torch_blocks")
 """The modules that define converters (``CONVERTERS`` in each), imported on first use."""
 
 
@@ -64,24 +68,43 @@ def class_path(module: nn.Module) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _all() -> list[Converter]:
+    return [conv for name in _MODULES
+            for conv in importlib.import_module(f"{__package__}.{name}").CONVERTERS]
+
+
 def registry() -> dict[str, Converter]:
-    """Every converter, keyed by each import path it recognises."""
-    out: dict[str, Converter] = {}
-    for name in _MODULES:
-        for conv in importlib.import_module(f"{__package__}.{name}").CONVERTERS:
-            for source in conv.sources:
-                out[source] = conv
-    return out
+    """Every converter that names its classes, keyed by each import path it recognises."""
+    return {source: conv for conv in _all() for source in conv.sources}
+
+
+def by_structure() -> tuple[Converter, ...]:
+    """The converters that recognise a module by what it holds, not by its class."""
+    return tuple(conv for conv in _all() if not conv.sources)
 
 
 def list_converters() -> dict[str, str]:
     """Converter names and what each module becomes."""
-    return {c.name: c.becomes for c in dict.fromkeys(registry().values())}
+    return {c.name: c.becomes for c in _all()}
 
 
 def concerns(conv: Converter, module: nn.Module) -> bool:
     """Whether ``module`` is one ``conv`` is about (``Converter.candidate``)."""
     return conv.candidate is None or conv.candidate(module)
+
+
+class Finder:
+    """The converter for a module, if any: the one that names its class, else the first that
+    recognises it by structure; either only where it is about the module (``candidate``)."""
+
+    def __init__(self, table: dict[str, Converter], structural: tuple[Converter, ...]) -> None:
+        self.table, self.structural = table, structural
+
+    def __call__(self, module: nn.Module) -> Converter | None:
+        conv = self.table.get(class_path(module))
+        if conv is not None:
+            return conv if concerns(conv, module) else None
+        return next((c for c in self.structural if concerns(c, module)), None)
 
 
 LIBRARY = "_fasttrain_library_class"  # the instance attribute holding the class it was

@@ -13,6 +13,11 @@ no transformers): the layers such a model builds its blocks from.
 - ``nn.MultiheadAttention`` → ``layers.attention.MultiheadSelfAttention`` (``kernels=attention``:
   its self-attention calls, ``mha(x, x, x, need_weights=False)`` without masks, from the packed
   projection in one Triton kernel each way); every other call runs its own forward.
+- ``nn.Conv2d`` that cuts an image into patches (fewer than 8 input channels, a square kernel
+  equal to its stride: a ViT's or Swin's patch projection, a ConvNeXt stem) →
+  ``layers.patch.PatchEmbed`` (``kernels=patch``: the convolution as one GEMM, whose weight
+  gradient is a fraction of cuDNN's for this shape). Other convolutions are not this
+  converter's and are passed over without a word.
 
 Attention written with ``F.scaled_dot_product_attention`` in a module of the user's own has no
 class to convert: ``kernels=attention`` routes those calls instead (``layers/sdpa_route.py``).
@@ -27,12 +32,15 @@ from torch import nn
 from ..layers.attention import MultiheadSelfAttention
 from ..layers.mlp import GeluSequential, gelu_pairs
 from ..layers.norm import LayerNorm, RMSNorm
+from ..layers.patch import PatchEmbed
 from .registry import SAMPLE_TOKENS, Converter
 
 LAYER_NORM = ("torch.nn.modules.normalization.LayerNorm",)
 RMS_NORM = ("torch.nn.modules.normalization.RMSNorm",)
 SEQUENTIAL = ("torch.nn.modules.container.Sequential",)
 MULTIHEAD_ATTENTION = ("torch.nn.modules.activation.MultiheadAttention",)
+CONV2D = ("torch.nn.modules.conv.Conv2d",)
+IMAGE_CHANNELS = 8  # fewer input channels than this: the convolution reads an image
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the Triton kernels take
 
 
@@ -122,6 +130,33 @@ def mha_sample(m: nn.Module, gen: torch.Generator) -> tuple:
     return (x, x, x), {"need_weights": False}
 
 
+# ----------------------------------------------------------------------------- patch projection
+
+def is_patch_projection(m: nn.Module) -> bool:
+    """A convolution over an image (few channels) whose square kernel equals its stride."""
+    k = tuple(m.kernel_size)
+    return (m.in_channels < IMAGE_CHANNELS and k[0] == k[1] >= 2
+            and tuple(m.stride) == k)
+
+
+def patch_unsupported(m: nn.Module) -> str | None:
+    if m.padding == "same" or tuple(m.padding) != (0, 0):
+        return f"padding {m.padding}: the GEMM path takes unpadded patches"
+    if tuple(m.dilation) != (1, 1) or m.groups != 1:
+        return "a dilated or grouped convolution is not one GEMM over patches"
+    return dtype_unsupported(m.weight, m.bias)
+
+
+def swap_patch(m: nn.Module) -> None:
+    m.__class__ = PatchEmbed
+    m.patch, m.as_gemm = m.kernel_size[0], False
+
+
+def patch_sample(m: nn.Module, gen: torch.Generator) -> tuple:
+    p = m.kernel_size[0]
+    return (torch.randn(2, m.in_channels, 2 * p, 3 * p, generator=gen),), {}
+
+
 CONVERTERS = (
     Converter("torch LayerNorm", LAYER_NORM, "fasttrain LayerNorm (kernels=layernorm)",
               norm_unsupported, swap_layer_norm, norm_sample),
@@ -133,4 +168,7 @@ CONVERTERS = (
     Converter("torch MultiheadAttention", MULTIHEAD_ATTENTION,
               "multi-head self-attention on the Triton kernel (kernels=attention)",
               mha_unsupported, swap_mha, mha_sample),
+    Converter("torch Conv2d patch projection", CONV2D,
+              "the patch projection as one GEMM (kernels=patch)",
+              patch_unsupported, swap_patch, patch_sample, is_patch_projection),
 )

@@ -79,7 +79,7 @@ def run_blocks(blocks: Sequence[nn.Module], x: torch.Tensor, links: bool = False
 
     branch: Branch = None
     for i, blk in enumerate(blocks):
-        hand_on = (i + 1 < len(blocks) and biases_apart(blk)
+        hand_on = (i + 1 < len(blocks) and (blk.hands_on() if links else biases_apart(blk))
                    and not isinstance(blk, FSDPModule))
         if links:
             x, branch = blk(x, branch=branch, hand_on=hand_on, chained=True)
@@ -93,6 +93,11 @@ class ChainLink:
     """A pre-norm block of a public model converted in place (``fasttrain.convert``): its forward
     keeps the library's signature and returns a tensor, and, called with ``chained=True``,
     takes and returns the ``branch`` as ``pre_norm_block`` does, for :class:`ChainedBlocks`."""
+
+    def hands_on(self) -> bool:
+        """Whether, followed by another block, it hands its MLP branch on unadded (where the
+        next block's first norm adds it in its fused kernel)."""
+        return biases_apart(self)
 
 
 def chainable(module: nn.Module) -> bool:

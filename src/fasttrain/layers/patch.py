@@ -32,9 +32,15 @@ class PatchEmbed(FusedPath, nn.Conv2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The convolution's (B, dim, H/p, W/p); on the GEMM path a permuted view of the GEMM's
-        rows, so a caller that flattens it to tokens (timm's PatchEmbed) copies nothing."""
+        rows, so a caller that flattens it to tokens (timm's PatchEmbed) copies nothing. As the
+        convolution, it leaves out the last rows and columns of an image that does not tile."""
         if not self.as_gemm:
             return super().forward(x)
+        if x.dim() == 3:  # unbatched (C, H, W), as nn.Conv2d takes it
+            return self.forward(x[None])[0]
+        p = self.patch
+        if x.shape[-2] % p or x.shape[-1] % p:  # as the convolution: the rest is not read
+            x = x[..., :x.shape[-2] // p * p, :x.shape[-1] // p * p]
         return self.tokens(x).permute(0, 3, 1, 2)
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:

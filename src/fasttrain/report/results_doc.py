@@ -123,8 +123,14 @@ def _seq(row: dict) -> str:
 
 
 def _own_table_row(spec: dict, read: _Rows) -> list[str]:
-    """model | the ladder's ratio against the plain loop | fasttrain.Step in that loop."""
+    """model | GPU | the ladder's ratio against the plain loop | fasttrain.Step in that loop (on
+    the same kind of GPU: rows of two kinds are refused)."""
     ratio = _ratio_row(read(spec["file"]), spec["file"])
+    gpus = {_gpu_short(r["env"]["device_name"]) for f in (spec["file"], spec["step_file"])
+            for r in read(f) if r.get("env", {}).get("device_name")}
+    if len(gpus) != 1:
+        raise FasttrainError(f"docs/results.toml: {spec['file']} and {spec['step_file']} are "
+                             f"from {', '.join(sorted(gpus)) or 'no named GPU'}: one kind a row")
     steady = "steady" if ratio["steady"] else f"{spec.get('peer_name', 'the peer')} not steady"
     ge = "" if ratio["steady"] else "≥ "
     step_rows = read(spec["step_file"])
@@ -134,7 +140,7 @@ def _own_table_row(spec: dict, read: _Rows) -> list[str]:
         raise FasttrainError(f"docs/results.toml: {spec['step_file']} needs train and peer rows")
     # the loop's two fastest runs disagree: its best may be faster still, so the ratio is a bound
     bound = "≥ " if len(loop) > 1 and 1 - loop[-2] / loop[-1] > REPEAT_TOLERANCE else ""
-    return [spec["label"],
+    return [spec["label"], gpus.pop(),
             f"**{ge}{ratio['ratio']:.2f}×**, {steady} ({_link(spec['file'], 'rows')})",
             f"**{bound}{max(ours) / loop[-1]:.2f}×** ({_link(spec['step_file'], 'rows')})"]
 

@@ -47,12 +47,15 @@ from .loop import ItemCounter, _Stepper
 
 DEFAULT = Recipe(precision="bf16-mixed", attention="auto", optimizer_impl="triton",
                  master_weights=True, gemm_pad=64, compile="model", cuda_graphs=True,
-                 graph_memset_kernels=True, convert=True, kernels="gelu,attention")
+                 graph_memset_kernels=True, convert=True,
+                 kernels="gelu,attention,patch,layernorm")
 """What a Step turns on unless told otherwise: the fast paths that need nothing of the model and
 keep the loss (bf16 autocast with bf16 master weights, fused attention, the one-launch AdamW,
 odd GEMM widths padded, the converters with their bias + GELU kernel, fasttrain's attention
-kernel for the SDPA calls it wins on, torch.compile, the whole step as one CUDA graph), plus
-channels-last for a convolution network. A recipe you pass as a dict is applied over this one;
+kernel for the SDPA calls it wins on, the patch projection as one GEMM, the residual adds of
+recognised pre-norm blocks inside their LayerNorms, torch.compile, the whole step as one CUDA
+graph), plus channels-last for a convolution network. The bf16 residual stream moves the loss
+within bf16's rounding and is left to the caller (``{"stream_dtype": "bf16"}``). A recipe you pass as a dict is applied over this one;
 where fasttrain cannot build the optimizer (yours is kept) the AdamW switches do not apply."""
 
 _SKIPPED = ("init", "dataloader", "padding", "accumulation")

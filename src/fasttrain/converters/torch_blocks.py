@@ -1,0 +1,148 @@
+"""A pre-norm block written in plain PyTorch, recognised by what it holds: the block structure
+that a model of the user's own gives no class for.
+
+A module of any class (not torch's, not fasttrain's) whose children are exactly, in the order
+they were registered, a norm, a branch, a norm of the same kind and width, and another branch
+(``norm1``, ``attn``, ``norm2``, ``mlp``, under any names), with no parameters of its own, is
+a candidate for ``x = x + attn(norm1(x)); x = x + mlp(norm2(x))``. The numeric self-check
+decides: the converted block must give the module's own output on a random sequence (a
+post-norm block, a parallel block or one that scales its branches gives another, and stays as
+it was).
+
+What it becomes (``PreNormBlock``, its forward put before the user's class, which stays among
+its bases):
+- ``kernels=layernorm`` (``rmsnorm``): the attention branch's residual add inside norm2's
+  kernel, one pass over the stream each way instead of an add and a norm;
+- stacked in an ``nn.Sequential``, the blocks run as one chain (``layers.blocks.ChainedBlocks``):
+  each block's MLP branch is added inside the next block's first norm;
+- ``stream_dtype=bf16``: the residual stream in bf16 from the first block on;
+- a norm whose branch starts with a linear layer (its first child) writes its output in the
+  autocast dtype on the fused path, the dtype that linear layer would cast it to.
+
+A call with any argument besides the stream runs the module's own forward. The norms and the
+branches' own layers are converted as they would be anywhere (torch LayerNorm, the Linear →
+GELU Sequential); parameters, their names and objects are unchanged.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from ..layers.blocks import Branch, ChainLink
+from .registry import LIBRARY, Converter, library_forward, sequence_sample, swap_keeping_library
+from .torch_nn import LAYER_NORM, RMS_NORM, norm_unsupported, swap_layer_norm, swap_rms_norm
+
+LAYOUT = "_fasttrain_pre_norm"  # instance attribute: the names of norm1, attn, norm2, mlp
+NORMS = {LAYER_NORM[0]: swap_layer_norm, RMS_NORM[0]: swap_rms_norm}
+
+
+class PreNormBlock(ChainLink, nn.Module):
+    """A user's pre-norm block (``LAYOUT`` names its four children) on fasttrain's norms."""
+
+    stream_dtype: torch.dtype | None = None
+
+    def parts(self) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module]:
+        return tuple(self._modules[name] for name in self.__dict__[LAYOUT])
+
+    def hands_on(self) -> bool:
+        return bool(getattr(self.parts()[0], "fused", False))
+
+    def forward(self, x: torch.Tensor, *args, branch: Branch = None, hand_on: bool = False,
+                chained: bool = False, **kwargs):
+        if args or kwargs:
+            return library_forward(self, x, *args, **kwargs)
+        norm1, attn, norm2, mlp = self.parts()
+        if self.stream_dtype is not None and not chained:
+            x = x.to(self.stream_dtype)
+        if branch is None:
+            y = norm1(x)
+        else:
+            y, x = norm1.add(branch[0], x)
+        y, x = norm2.add(attn(y), x)
+        m = mlp(y)
+        if hand_on:
+            return x, (m, None)
+        x = x + m
+        return (x, None) if chained else x
+
+
+def _class_of(module: nn.Module) -> str:
+    cls = module.__dict__.get(LIBRARY, type(module))
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def layout(m: nn.Module) -> tuple[str, str, str, str] | None:
+    """The names of ``norm1, attn, norm2, mlp`` where ``m`` holds just that, else None."""
+    if type(m).__module__.split(".")[0] in ("torch", "fasttrain") or LAYOUT in m.__dict__:
+        return None
+    if m._parameters or m._buffers or len(m._modules) != 4 or not _takes_one(m):
+        return None
+    names = list(m._modules)
+    n1, a, n2, b = (m._modules[n] for n in names)
+    kind = _class_of(n1)
+    if kind not in NORMS or _class_of(n2) != kind or any(
+            x is None or _class_of(x) in NORMS for x in (a, b)):
+        return None
+    if not (list(a.parameters()) and list(b.parameters())):
+        return None
+    return tuple(names)
+
+
+def _takes_one(m: nn.Module) -> bool:
+    """Whether the module's forward can be called with the stream alone."""
+    try:
+        inspect.signature(type(m).forward).bind(m, None)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def is_pre_norm_block(m: nn.Module) -> bool:
+    return layout(m) is not None
+
+
+def block_unsupported(m: nn.Module) -> str | None:
+    norm1, _, norm2, _ = (m._modules[n] for n in layout(m))
+    for norm in (norm1, norm2):
+        if why := norm_unsupported(norm):
+            return why
+    if norm1.normalized_shape != norm2.normalized_shape:
+        return (f"norms of widths {tuple(norm1.normalized_shape)} and "
+                f"{tuple(norm2.normalized_shape)}: not one residual stream")
+    return None
+
+
+def starts_with_linear(branch: nn.Module) -> bool:
+    """Whether ``branch`` is a linear layer or its first child (recursively) is one."""
+    while not isinstance(branch, nn.Linear):
+        children = list(branch.children())
+        if not children:
+            return False
+        branch = children[0]
+    return True
+
+
+def swap_block(m: nn.Module) -> None:
+    names = layout(m)
+    norm1, attn, norm2, mlp = (m._modules[n] for n in names)
+    for norm, branch in ((norm1, attn), (norm2, mlp)):
+        NORMS[_class_of(norm)](norm)
+        norm.feeds_matmul = starts_with_linear(branch)
+    swap_keeping_library(m, PreNormBlock)
+    m.__dict__[LAYOUT] = names
+
+
+def width(m: nn.Module) -> int:
+    return next(iter(m._modules.values())).normalized_shape[0]
+
+
+CONVERTERS = (
+    Converter("torch pre-norm block", (), "x + attn(norm1(x)), + mlp(norm2(·)) on fasttrain's "
+              "norms: the residual adds in the norms' kernels, blocks in an nn.Sequential "
+              "chained (kernels=layernorm, rmsnorm)", block_unsupported, swap_block,
+              sequence_sample(width), is_pre_norm_block,
+              differs="not a pre-norm block: its output is not x + attn(norm1(x)), then "
+              "+ mlp(norm2(·))"),
+)
