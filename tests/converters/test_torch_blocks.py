@@ -11,19 +11,21 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 pytest.importorskip("triton")
 
-from tests.converters.test_torch_nn import (ALL, BF16_REL, DTYPES, FUSED_REL, PLAIN_REL,  # noqa: E402
+from tests.converters.test_torch_nn import (BF16_REL, DTYPES, FUSED_REL, PLAIN_REL,  # noqa: E402
                                             assert_same, check_module, converted,
                                             forward_backward)
 from tests.interpreted import interpret  # noqa: E402,F401  (fixture: kernels interpreted)
 
-from fasttrain.converters import convert, convertible  # noqa: E402
+from fasttrain.converters import convert, convertible, registry  # noqa: E402
+from fasttrain.converters.registry import Finder, by_structure  # noqa: E402
 from fasttrain.converters.torch_blocks import PreNormBlock  # noqa: E402
 from fasttrain.layers.blocks import ChainedBlocks  # noqa: E402
-from fasttrain.layers.fused import fused_layers, switch_fused  # noqa: E402
 from fasttrain.layers.norm import LayerNorm, RMSNorm  # noqa: E402
 from tests.converters.plain_models import PackedAttention, ViTBlock, randomise  # noqa: E402
 
@@ -187,11 +189,119 @@ def test_look_alikes_are_passed_over_without_a_word(make):
     assert not any(ln.startswith("torch pre-norm block") for ln in report.skipped_lines())
 
 
-def test_convertible_sees_a_model_of_plain_blocks():
+def test_the_finder_names_the_block_converter_for_blocks_only():
+    find = Finder(registry(), by_structure())
+    assert find(ViTBlock(WIDTH, HEADS)).name == "torch pre-norm block"
+    assert find(RmsBlock()).name == "torch pre-norm block"
+    assert find(LayerScaled()) is None and find(FiveChildren()) is None
+    assert find(nn.LayerNorm(WIDTH)).name == "torch LayerNorm"  # by class, as before
     assert convertible(Stack(ViTBlock))
-    model = Stack(ViTBlock)
-    switch_fused(fused_layers(model), ALL, torch.device("cpu"))  # nothing converted: no effect
-    assert not fused_layers(model)
+
+
+# ----------------------------------------------------------------------------- what the check sees
+
+def test_a_block_built_on_meta_is_refused_even_without_checks():
+    """Without parameter values the structure is all there is: not enough to convert."""
+    with torch.device("meta"):
+        model = Stack(ViTBlock)
+    for check in (True, False):
+        twin = copy.deepcopy(model)
+        report = convert(twin, check=check)
+        assert not any(isinstance(b, PreNormBlock) for b in twin.blocks)
+        assert any(ln.startswith("torch pre-norm block") and "meta device" in ln
+                   for ln in report.skipped_lines()), report.skipped_lines()
+
+
+def test_check_false_still_checks_a_structural_match():
+    model = randomise(PostNorm(WIDTH, HEADS))
+    report = convert(model, check=False)
+    assert not isinstance(model, PreNormBlock)
+    assert any("not a pre-norm block" in ln for ln in report.skipped_lines())
+
+
+class DropsInTraining(ViTBlock):
+    def forward(self, x):
+        x = x + F.dropout(self.attn(self.norm1(x)), 0.5, self.training)
+        return x + self.mlp(self.norm2(x))
+
+
+class SwappedNorms(ViTBlock):
+    def forward(self, x):
+        x = x + self.attn(self.norm2(x))
+        return x + self.mlp(self.norm1(x))
+
+
+class ZeroInitParallel(Parallel):
+    def __init__(self, dim: int = WIDTH, heads: int = HEADS):
+        super().__init__(dim, heads)
+        nn.init.zeros_(self.attn.proj.weight)
+        nn.init.zeros_(self.attn.proj.bias)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: DropsInTraining(WIDTH, HEADS).eval(),  # the same in eval mode, not in training
+    lambda: SwappedNorms(WIDTH, HEADS),  # the two norms are one function at their init
+    lambda: ZeroInitParallel(),  # a zero projection hides where the attention branch goes
+])
+def test_what_only_shows_off_its_initial_state_is_found(make):
+    model = make()
+    report = convert(model)
+    assert not isinstance(model, PreNormBlock)
+    assert any("not a pre-norm block" in ln for ln in report.skipped_lines()), \
+        report.skipped_lines()
+
+
+class Checkpointed(ViTBlock):
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(super().forward, x, use_reentrant=False)
+
+
+def test_a_block_that_checkpoints_itself_stays_with_the_reason():
+    model = randomise(Checkpointed(WIDTH, HEADS))
+    report = convert(model)
+    assert not isinstance(model, PreNormBlock)
+    assert any("checkpoints activations" in ln for ln in report.skipped_lines())
+
+
+def test_the_stream_by_keyword_runs_the_users_forward():
+    class Named(ViTBlock):
+        def forward(self, hidden_states):
+            return super().forward(hidden_states)
+
+    model = randomise(Named(WIDTH, HEADS))
+    twin = copy.deepcopy(model)
+    assert convert(twin).converted["torch pre-norm block"] == 1
+    x = tokens()
+    assert_same([twin(hidden_states=x), twin(x)], [model(x), model(x)], PLAIN_REL)
+
+
+def test_forward_hooks_on_chained_blocks_see_each_blocks_output():
+    model = randomise(Stack(ViTBlock))
+    twin, report = converted(model, True)
+    assert report.chained == 1
+    seen = {"model": [], "twin": []}
+    for name, m in (("model", model), ("twin", twin)):
+        for b in m.blocks:
+            b.register_forward_hook(lambda mod, args, out, name=name: seen[name].append(out))
+    x = tokens()
+    assert_same([twin(x)], [model(x)], FUSED_REL)
+    assert len(seen["twin"]) == 3 and all(isinstance(o, torch.Tensor) for o in seen["twin"])
+    assert_same(seen["twin"], seen["model"], FUSED_REL)
+
+
+def test_a_converted_model_pickles_whole():
+    """torch.save(model) of a model whose classes were made by the conversion."""
+    import io
+
+    model = randomise(Stack(ViTBlock))
+    convert(model)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    assert type(back.blocks[0]) is type(model.blocks[0]) and isinstance(back.blocks[0], ViTBlock)
+    x = tokens()
+    assert_same([back(x)], [model(x)], PLAIN_REL)
 
 
 class ReturnsTuple(ViTBlock):

@@ -270,8 +270,26 @@ def test_patch_projection_matches_torch(dtype, bias):
     conv = randomise(nn.Conv2d(3, 12, 4, stride=4, bias=bias))
     twin = check_module(conv, torch.randn(2, 3, 18, 23), dtype=dtype)
     assert type(twin).__name__ == "PatchEmbed" and twin.as_gemm
-    x = torch.randn(3, 16, 12, dtype=dtype)
+    x = torch.randn(3, 18, 23, dtype=dtype)  # unbatched, and not tiling
     assert_same([twin(x)], [conv(x)], FUSED_REL if dtype == torch.float32 else BF16_REL)
+
+
+def test_patch_projection_output_is_laid_out_as_the_convolutions():
+    """Contiguous for a contiguous image (a small CNN's ``.view`` after it works), channels-last
+    for a channels-last one; ``padding="valid"`` is no padding."""
+    conv = randomise(nn.Conv2d(1, 16, 2, stride=2, padding="valid"))
+    twin, report = converted(conv, True)
+    assert report.converted == {"torch Conv2d patch projection": 1}
+    x = torch.randn(4, 1, 8, 8)
+    out = twin(x)
+    assert out.is_contiguous() and out.view(4, -1).shape == (4, 16 * 16)
+    assert_same([out], [conv(x)], FUSED_REL)
+    rgb = randomise(nn.Conv2d(3, 8, 4, stride=4))
+    twin, _ = converted(rgb, True)
+    x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)
+    out = twin(x)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert_same([out], [rgb(x)], FUSED_REL)
 
 
 def test_convolutions_that_are_not_patch_projections_are_passed_over():

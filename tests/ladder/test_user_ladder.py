@@ -45,6 +45,21 @@ def test_channels_last_is_not_offered_without_conv_layers(spec):
     assert names[0] == "fp32" and "compile" in names  # the plain rungs are all there
 
 
+def test_the_fast_search_tries_a_plain_vits_patch_norm_and_stream_switches():
+    """Built on the meta device, the plain ViT's pre-norm blocks cannot be checked, so they stay
+    candidates; the search still tries the bf16 stream for them, and the patch and LayerNorm
+    kernels of its converted layers."""
+    from fasttrain.ladder.search import fast_axes
+
+    axes = {(label, field, value) for label, field, value in
+            fast_axes(load_workload("examples.vit:make_workload"))}
+    assert ("bf16 stream", "stream_dtype", "bf16") in axes
+    assert {("kernels patch", "kernels", "patch"), ("kernels layernorm", "kernels",
+                                                    "layernorm")} <= axes
+    mine = {label for label, _, _ in fast_axes(load_workload("examples.my_workload:make_workload"))}
+    assert "bf16 stream" not in mine
+
+
 # 6: the peer of a user workload is a plain loop over the same model
 def _peer(workload: str, batch: int) -> dict:
     return plain_peer_job(ChildSpec(job="fasttrain.ladder.plain_peer:plain_peer_job",

@@ -74,7 +74,8 @@ def convert(model: nn.Module, kernels: str = "none", check: bool = True,
     ``kernels`` switch does (``fused`` for all, or a list such as ``"layernorm,attention"``;
     Triton kernels run on CUDA, elsewhere they stay plain and the report says why); the model
     must already be on its device. ``check``: run each converter's numeric self-check first (a
-    few milliseconds a module). ``strict``: raise ``FasttrainError`` if nothing was converted
+    few milliseconds a module); a converter that recognises modules by structure alone (a
+    pre-norm block of your own) always runs its own. ``strict``: raise ``FasttrainError`` if nothing was converted
     (the message says what was found and why it stayed)."""
     if not isinstance(model, nn.Module):
         raise FasttrainError(f"convert takes a torch.nn.Module, not {type(model).__name__}")
@@ -86,7 +87,9 @@ def convert(model: nn.Module, kernels: str = "none", check: bool = True,
         if conv is None:
             continue
         why = conv.unsupported(module)
-        if why is None and check and conv.sample is not None:
+        # a converter that recognises modules by structure runs its check even with check=False:
+        # the check is what tells the module's function
+        if why is None and (check or not conv.sources) and conv.sample is not None:
             why = self_check(conv, module)
         if why is not None:
             report.skipped[(conv.name, why)] += 1
@@ -141,9 +144,20 @@ def chain_stacks(model: nn.Module) -> int:
 
 def self_check(conv: Converter, module: nn.Module) -> str | None:
     """Run the original and a converted copy on the converter's sample (no autograd, the module's
-    device and dtype); a reason if the copy cannot be made, fails, or differs."""
+    device and dtype); a reason if the copy cannot be made, fails, or differs.
+
+    A converter that recognises modules by structure alone (``Converter.sources`` empty) has
+    nothing else that tells what the module computes, so its check is stricter: it runs on a
+    copy whose parameters are moved off their initial values (two norms at their default init
+    are the same function, and a zero-initialised projection hides a branch), in training and
+    in eval mode, and the module must return what the converted one does (a tensor, not a
+    tuple). Without parameters to compute with (meta), such a module is refused."""
     first = next(iter(module.parameters()), None)
+    by_structure = not conv.sources
     if first is None or first.device.type == "meta":
+        if by_structure:
+            return ("recognised by its children only, and the numeric self-check that decides "
+                    "cannot run without its parameters' values (built on the meta device)")
         return None  # nothing to compute with: the parameters are not materialised yet
     try:
         gen = torch.Generator().manual_seed(0)
@@ -152,16 +166,38 @@ def self_check(conv: Converter, module: nn.Module) -> str | None:
         if sample is None:
             return None  # nothing to check it with: its input is not known
         args, kwargs = _to(sample[0], first.device, dtype), _to(sample[1], first.device, dtype)
-        twin = copy.deepcopy(module)
+        subject = _moved(copy.deepcopy(module), gen) if by_structure else module
+        twin = copy.deepcopy(subject)
         conv.swap(twin)
         cuda = [first.device.index or 0] if first.device.type == "cuda" else []
-        with torch.no_grad(), torch.random.fork_rng(devices=cuda):  # the caller's RNG untouched
-            torch.manual_seed(0)  # the same random draws (stochastic depth) on both sides
-            want = module(*args, **kwargs)
-            torch.manual_seed(0)
-            got = twin(*args, **kwargs)
+        pairs = []
+        for mode in ((True, False) if by_structure else (module.training,)):
+            subject.train(mode)
+            twin.train(mode)
+            with torch.no_grad(), torch.random.fork_rng(devices=cuda):  # the caller's RNG kept
+                torch.manual_seed(0)  # the same random draws (stochastic depth) on both sides
+                want = subject(*args, **kwargs)
+                torch.manual_seed(0)
+                pairs.append((want, twin(*args, **kwargs)))
     except Exception as err:  # noqa: BLE001 — a failed check keeps the module, with the reason
         return f"numeric self-check failed ({type(err).__name__}: {str(err).splitlines()[0][:120]})"
+    for want, got in pairs:
+        if why := _differs(conv, want, got):
+            return why
+    return None
+
+
+def _moved(module: nn.Module, gen: torch.Generator) -> nn.Module:
+    """``module`` with random offsets added to its floating parameters (in place)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point():
+                p.add_(torch.randn(p.shape, generator=gen).to(p.device, p.dtype), alpha=0.3)
+    return module
+
+
+def _differs(conv: Converter, want, got) -> str | None:
+    """Why the converted module's output ``got`` is not the original's ``want``, or None."""
     if not conv.sources and type(got) is not type(want):  # recognised by structure: as it is
         return f"{conv.differs} (it returns {type(want).__name__})"
     want, got = _output(want), _output(got)

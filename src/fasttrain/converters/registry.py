@@ -124,13 +124,29 @@ def swap_keeping_library(m: nn.Module, converted: type) -> None:
     other method: ``generate``, ``save_pretrained``, gradient checkpointing's ``__call__``), so
     the module stays what the library and its users check for (``isinstance``)."""
     remember(m)
-    library = m.__dict__[LIBRARY]
+    m.__class__ = mixed_class(converted, m.__dict__[LIBRARY])
+
+
+def mixed_class(converted: type, library: type) -> type:
+    """The class with ``converted``'s forward and ``library``'s everything else, made once."""
     key = (converted, library)
     if key not in _MIXED:
         _MIXED[key] = type(converted.__name__, (converted, library),
                            {"__module__": converted.__module__,
-                            "__qualname__": converted.__qualname__})
-    m.__class__ = _MIXED[key]
+                            "__qualname__": converted.__qualname__,
+                            "__reduce_ex__": _reduce_mixed})
+    return _MIXED[key]
+
+
+def _new_mixed(converted: type, library: type) -> nn.Module:
+    return object.__new__(mixed_class(converted, library))
+
+
+def _reduce_mixed(self: nn.Module, protocol: int):
+    """Pickling (``torch.save(model)``, ``copy``): a made class has no importable name, so it is
+    rebuilt from the two it was made of, which have."""
+    converted, library = type(self).__bases__
+    return _new_mixed, (converted, library), self.__dict__.copy()
 
 
 def library_forward(m: nn.Module, *args, **kwargs):

@@ -19,7 +19,11 @@ its bases):
 - a norm whose branch starts with a linear layer (its first child) writes its output in the
   autocast dtype on the fused path, the dtype that linear layer would cast it to.
 
-A call with any argument besides the stream runs the module's own forward. The norms and the
+A call with any argument besides the stream, or the stream by keyword, runs the module's own
+forward. The self-check runs even with ``check=False``, on a copy whose parameters are moved off
+their initial values, in training and in eval mode; a block built on the meta device, or whose
+forward checkpoints its activations, is refused with the reason. Classes of torch, timm,
+transformers and diffusers are not candidates. The norms and the
 branches' own layers are converted as they would be anywhere (torch LayerNorm, the Linear →
 GELU Sequential); parameters, their names and objects are unchanged.
 """
@@ -49,10 +53,11 @@ class PreNormBlock(ChainLink, nn.Module):
     def hands_on(self) -> bool:
         return bool(getattr(self.parts()[0], "fused", False))
 
-    def forward(self, x: torch.Tensor, *args, branch: Branch = None, hand_on: bool = False,
-                chained: bool = False, **kwargs):
-        if args or kwargs:
-            return library_forward(self, x, *args, **kwargs)
+    def forward(self, *args, branch: Branch = None, hand_on: bool = False, chained: bool = False,
+                **kwargs):
+        if len(args) != 1 or kwargs:  # more than the stream, or the stream by its name
+            return library_forward(self, *args, **kwargs)
+        x = args[0]
         norm1, attn, norm2, mlp = self.parts()
         if self.stream_dtype is not None and not chained:
             x = x.to(self.stream_dtype)
@@ -73,9 +78,13 @@ def _class_of(module: nn.Module) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+NOT_YOURS = ("torch", "fasttrain", "timm", "transformers", "diffusers")
+"""Packages whose classes are not a user's own: theirs have converters by class, or not."""
+
+
 def layout(m: nn.Module) -> tuple[str, str, str, str] | None:
     """The names of ``norm1, attn, norm2, mlp`` where ``m`` holds just that, else None."""
-    if type(m).__module__.split(".")[0] in ("torch", "fasttrain") or LAYOUT in m.__dict__:
+    if type(m).__module__.split(".")[0] in NOT_YOURS or LAYOUT in m.__dict__:
         return None
     if m._parameters or m._buffers or len(m._modules) != 4 or not _takes_one(m):
         return None
@@ -103,7 +112,20 @@ def is_pre_norm_block(m: nn.Module) -> bool:
     return layout(m) is not None
 
 
+def checkpoints(m: nn.Module) -> bool:
+    """Whether the block's own forward recomputes itself in the backward (activation
+    checkpointing), which the converted forward, not calling it, would not do."""
+    try:
+        source = inspect.getsource(type(m).forward)
+    except (OSError, TypeError):
+        return False
+    return "checkpoint" in source
+
+
 def block_unsupported(m: nn.Module) -> str | None:
+    if checkpoints(m):
+        return ("its forward checkpoints activations, which the converted block would not do "
+                "(checkpoint the blocks from outside, or leave them as they are)")
     norm1, _, norm2, _ = (m._modules[n] for n in layout(m))
     for norm in (norm1, norm2):
         if why := norm_unsupported(norm):

@@ -140,7 +140,7 @@ def is_patch_projection(m: nn.Module) -> bool:
 
 
 def patch_unsupported(m: nn.Module) -> str | None:
-    if m.padding == "same" or tuple(m.padding) != (0, 0):
+    if m.padding != "valid" and (m.padding == "same" or tuple(m.padding) != (0, 0)):
         return f"padding {m.padding}: the GEMM path takes unpadded patches"
     if tuple(m.dilation) != (1, 1) or m.groups != 1:
         return "a dilated or grouped convolution is not one GEMM over patches"
@@ -149,7 +149,7 @@ def patch_unsupported(m: nn.Module) -> str | None:
 
 def swap_patch(m: nn.Module) -> None:
     m.__class__ = PatchEmbed
-    m.patch, m.as_gemm = m.kernel_size[0], False
+    m.patch, m.as_gemm, m.contiguous_out = m.kernel_size[0], False, True
 
 
 def patch_sample(m: nn.Module, gen: torch.Generator) -> tuple:

@@ -46,12 +46,16 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     from ..layers.conv import frozen_narrow
     from ..techniques.fp8 import fp8_targets
     from ..techniques.gemm_pad import odd_widths
+    from ..converters.torch_blocks import is_pre_norm_block
     from ..layers.fused import StreamCarrier, fused_layers
 
     from .traits import converts, prefers_channels_last
 
     with torch.device("meta"):
         model = workload.build_model()
+    # a pre-norm block of the user's own is recognised only by a check that needs its weights:
+    # on the meta device it stays as it is (its norms converted), and the real run decides
+    own_blocks = any(is_pre_norm_block(m) for m in model.modules())
     if converts(workload):  # the search starts at the convert rung: it tunes the converted layers
         from ..converters import convert
 
@@ -80,7 +84,7 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     # that have launch settings of their own for a 16-bit stream: ViT-B +3.3% on an H200
     # (train-stream-vit-20261125-0714), Swin-B +2.3% on an H100 (train-stream-swin-20261125-2133),
     # Llama-1B +2.0% on an H200 (train-llama-items-20261126-0052)
-    if any(isinstance(m, StreamCarrier) for m in model.modules()):
+    if own_blocks or any(isinstance(m, StreamCarrier) for m in model.modules()):
         axes.append(("bf16 stream", "stream_dtype", "bf16"))
     if odd_widths(model, 8):  # a linear width (a vocabulary) off the multiple of 8 tensor
         axes.append(("GEMM widths padded", "gemm_pad", 64))  # cores want: 64, as nanoGPT's

@@ -109,11 +109,16 @@ class ChainedBlocks(nn.Sequential):
     run as ``run_blocks`` runs them: on fused norms each block's MLP branch is added by the next
     block's first norm. Carries the residual stream in ``stream_dtype`` where set (the
     ``stream_dtype`` technique). Iterating it, indexing it and its state dict are those of the
-    ``nn.Sequential`` it was."""
+    ``nn.Sequential`` it was. Where a block has forward hooks the blocks run one by one, so each
+    hook gets the block's output as the ``nn.Sequential`` gave it."""
 
     stream_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stream_dtype is not None:
             x = x.to(self.stream_dtype)
+        if any(b._forward_hooks or b._forward_pre_hooks for b in self):
+            for b in self:  # a hook sees each block's own output, as the stack gave it
+                x = b(x)
+            return x
         return run_blocks(self, x, links=True)

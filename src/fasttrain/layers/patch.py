@@ -21,6 +21,10 @@ class PatchEmbed(FusedPath, nn.Conv2d):
     """``Conv2d(channels, dim, patch, stride=patch)`` with :meth:`tokens` → (B, H/p, W/p, dim)."""
 
     fused_kind = "patch"
+    contiguous_out = False
+    """Whether ``forward`` on the GEMM path returns a contiguous (B, dim, H/p, W/p), as the
+    convolution does for a contiguous input: for a caller whose use of it is not known (a
+    plain model's ``.view``); fasttrain's and timm's callers take the permuted view."""
 
     def __init__(self, channels: int, dim: int, patch: int):
         super().__init__(channels, dim, patch, patch)
@@ -41,7 +45,11 @@ class PatchEmbed(FusedPath, nn.Conv2d):
         p = self.patch
         if x.shape[-2] % p or x.shape[-1] % p:  # as the convolution: the rest is not read
             x = x[..., :x.shape[-2] // p * p, :x.shape[-1] // p * p]
-        return self.tokens(x).permute(0, 3, 1, 2)
+        out = self.tokens(x).permute(0, 3, 1, 2)  # channels-last, as the convolution's of an
+        if self.contiguous_out and (  # NHWC input; NCHW for an NCHW one
+                x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last)):
+            return out.contiguous()
+        return out
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images → (B, H/p, W/p, dim) patch embeddings."""
