@@ -85,6 +85,30 @@ def hang_in_step3_on_rank1(size="tiny", seed=0, data=None):
                           loss_fn=loss, default_batch=4)
 
 
+def hang_with_the_host_blocked_on_rank0(size="tiny", seed=0, data=None):
+    """Rank 1 stops inside the third step's forward. Rank 0 launches a collective there that
+    rank 1 never joins, then blocks its host outside any collective, as fp16's overflow read
+    blocks behind an NCCL all-reduce on a GPU: no collective of rank 0's times out on the host,
+    and no step boundary comes."""
+    import os
+    import time
+
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    calls = [0]
+
+    def loss(m, b):
+        calls[0] += 1
+        if calls[0] >= 3:
+            if os.environ.get("RANK") == "0":
+                dist.all_reduce(torch.zeros(1), async_op=True)
+            time.sleep(3600)
+        return F.cross_entropy(m(b["x"]), b["y"], reduction="sum")
+
+    return SimpleWorkload(name="hang-host", build=lambda: torch.nn.Linear(16, 3), data=_SlowData,
+                          loss_fn=loss, default_batch=4)
+
+
 def check_exact_gelu(bias_gelu, device: str, points: int) -> None:
     """``bias_gelu``'s exact GELU and its gradient against PyTorch's in float64, fp32 inputs on
     ``points`` points of z in [-9, 9]: within 2e-6 and 5e-7 (a few ulp of erf)."""

@@ -128,6 +128,61 @@ def test_a_rank_hung_inside_a_step_is_named_within_the_timeout():
     assert took < 90, took  # start-up + 5 s + GRACE_S, not 5 s + torchrun's 30 s grace
 
 
+def test_a_rank_hung_while_the_others_host_is_blocked_is_named_by_the_watchdog():
+    """Rank 0 launched a collective rank 1 never joined and then blocked its host outside any
+    collective (fp16's overflow read on a GPU): the step watchdog names rank 1 at dist_timeout
+    + STALLED_AFTER_S + GRACE_S, where NCCL's own timeout would have ended the job unnamed."""
+    from fasttrain.distributed.env import GRACE_S
+    from fasttrain.distributed.watchdog import STALLED_AFTER_S
+
+    t0 = time.time()
+    proc = _train("tests.helpers:hang_with_the_host_blocked_on_rank0", "--steps", "6",
+                  "--set", "dist_timeout=5", nproc=2, timeout=240)
+    took = time.time() - t0
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "fasttrain: error: rank 1 hung: never reached the collectives of step " in \
+        proc.stderr, proc.stderr[-2000:]
+    assert "ranks 0 waited" in proc.stderr and "Traceback" not in proc.stderr
+    assert took < 60 + 5 + STALLED_AFTER_S + GRACE_S, took  # start-up + the watchdog's wait
+
+
+def test_the_watchdog_names_only_the_ranks_behind(monkeypatch):
+    """One process, a fake store of two ranks: a rank at the most collectives names the one
+    behind; the rank behind, or ranks level with each other, say nothing."""
+    from fasttrain.distributed import watchdog
+
+    class Store(dict):
+        def set(self, k, v):
+            self[k] = v.encode()
+
+        def check(self, keys):
+            return all(k in self for k in keys)
+
+        def get(self, k):
+            return self[k]
+
+    store = Store()
+    monkeypatch.setattr(watchdog.dist.distributed_c10d, "_get_default_store", lambda: store)
+    monkeypatch.setattr(watchdog.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(watchdog, "GRACE_S", 0.3)
+    dog = watchdog.StepWatchdog(5.0)
+    for me, mine, other, named in ((0, 7, 6, True), (1, 6, 7, False), (0, 7, 7, False)):
+        store.clear()
+        store.set(f"fasttrain/progress/{1 - me}", f"3 {other} {time.time()}")
+        monkeypatch.setattr(watchdog.dist, "get_rank", lambda me=me: me)
+        monkeypatch.setattr(watchdog, "issued", lambda mine=mine: mine)
+        line = dog.behind(3)
+        if named:
+            assert line.startswith("rank 1 hung: never reached the collectives of step 3 "), line
+        else:
+            assert line is None
+    store.clear()  # a post older than the look is not read
+    store.set("fasttrain/progress/1", f"3 6 {time.time() - 60}")
+    monkeypatch.setattr(watchdog.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(watchdog, "issued", lambda: 7)
+    assert dog.behind(3) is None
+
+
 def test_ladder_rungs_under_torchrun_and_the_scaling_report(tmp_path, monkeypatch):
     proc = subprocess.run([sys.executable, "-m", "fasttrain", "ladder", "llama", "--device", "cpu",
                            "--rungs", "fp32,fused-optim", "--nproc", "2", "--steps", "2",

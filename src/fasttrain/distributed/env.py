@@ -10,7 +10,8 @@ post that in the job's store, and the ranks that posted nothing within :data:`GR
 ones that never arrived. On CUDA the host runs ahead of NCCL's collectives and blocks nowhere,
 so :func:`step_barrier` meets the ranks at every step boundary on the control group (host only,
 no GPU sync), whose monitored barrier names the missing rank; NCCL's own timeout is set
-:data:`GRACE_S` + 30 s later, so this one line comes first.
+:data:`GRACE_S` + 30 s later, so this one line comes first. Where the host blocks inside a step
+behind the hung collective, no step boundary comes: ``watchdog.StepWatchdog`` names the rank.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from ..measure.flops import flop_counter, gqa_flop_formulas
 from ..measure.parity import unrecovered
 from ..recipe import Recipe
 from ..distributed import env as dist_env
+from ..distributed.watchdog import StepWatchdog
 from ..techniques import (TrainState, apply_after_probe, apply_before_probe, build_model,
                           finish_all, prepare_process, probe_contexts, unmet_requirements)
 from ..workloads.base import UNITS, Batch, Workload
@@ -397,32 +398,38 @@ def _measure(state: TrainState, dataset, flops, steps: int, warmup: int,
     # A captured graph keeps its activations in a private pool that counts as free between
     # replays, so with CUDA graphs the peak is taken over warm-up and capture too.
     reset_at = 0 if r.cuda_graphs else warmup
-    for i in range(warmup + steps):
-        step = start_step + i + 1
-        with dist_env.watched(f"step {step}", r.dist_timeout) if d.active else \
-                contextlib.nullcontext():
-            # first, before anything that waits for the GPU (a synchronize, a pageable copy),
-            # which a collective of a hung rank would block: the ranks meet, or are named
-            dist_env.step_barrier(step, r.dist_timeout, dev.type)
-            if i == reset_at and dev.type == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats(dev)
-            if i == warmup:
-                warmup_s, host_wait = time.perf_counter() - t0, 0.0
-            timer.step()
-            for obs in observers:
-                obs.begin(i)
-            timer.mark("data")
-            h0 = time.perf_counter()
-            micro = next(it)
-            host_wait += time.perf_counter() - h0
-            stepper.count = counter(micro)  # items in the global batch
-            counts.append(stepper.count)
-            losses.append(stepper(micro))
-            for obs in observers:
-                obs.end(i)
-            if saver is not None:  # a step boundary: the data position is step
-                saver.after_step(state, step, timer.pause)
+    # a rank whose host is blocked inside a step behind a collective another rank never
+    # joined (fp16's overflow read) is named by a thread, before NCCL's timeout
+    dog = StepWatchdog(r.dist_timeout) if d.active else None
+    with dog or contextlib.nullcontext():
+        for i in range(warmup + steps):
+            step = start_step + i + 1
+            with dist_env.watched(f"step {step}", r.dist_timeout) if d.active else \
+                    contextlib.nullcontext():
+                # first, before anything that waits for the GPU (a synchronize, a pageable copy),
+                # which a collective of a hung rank would block: the ranks meet, or are named
+                dist_env.step_barrier(step, r.dist_timeout, dev.type)
+                if dog is not None:
+                    dog.at_step(step)
+                if i == reset_at and dev.type == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats(dev)
+                if i == warmup:
+                    warmup_s, host_wait = time.perf_counter() - t0, 0.0
+                timer.step()
+                for obs in observers:
+                    obs.begin(i)
+                timer.mark("data")
+                h0 = time.perf_counter()
+                micro = next(it)
+                host_wait += time.perf_counter() - h0
+                stepper.count = counter(micro)  # items in the global batch
+                counts.append(stepper.count)
+                losses.append(stepper(micro))
+                for obs in observers:
+                    obs.end(i)
+                if saver is not None:  # a step boundary: the data position is step
+                    saver.after_step(state, step, timer.pause)
     timer.finish()
     if warmup == 0:
         warmup_s = 0.0
