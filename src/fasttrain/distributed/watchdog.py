@@ -8,14 +8,19 @@ reads its overflow flag (``.item()``), a loss printed every step does too. Behin
 that a hung rank never joined, that read never returns, no step boundary is reached, and NCCL's
 watchdog kills the process at ``dist_timeout`` + 33 s without naming anyone.
 
-:class:`StepWatchdog` is a thread on each rank. When its rank has been inside one step for
+:class:`StepWatchdog` is a thread on each rank. Once its rank has been inside one step for
 :data:`STALLED_AFTER_S` past ``dist_timeout`` (after :func:`env.watched`, which names hung
-ranks on the CPU, has had its turn), it posts in the job's store where its rank is: the step,
-and how many collectives the rank has issued (the process group's sequence number, counted on
-the host when a collective is launched). The ranks that posted fewer are the ones that never
-joined; a rank that has issued the most names them in one line and ends the process (its main
-thread is blocked and cannot). A rank that is itself behind says nothing; where no rank is
-behind (every rank inside a long step: a first compile), nobody does, and the run goes on.
+ranks on the CPU, has had its turn), it posts in the job's store, every :data:`POLL_S`, how many
+collectives its rank has launched in that step's key (the process group's sequence number,
+counted on the host when a collective is launched). A rank names the ranks below it only where
+all of this holds:
+- its own count has not moved for ``dist_timeout``: it has waited as long as a collective may;
+- it is the lowest-numbered rank at the highest count: one line, not one a rank;
+- the counts below it did not move over :data:`env.GRACE_S`: those ranks are not merely late
+  in launching (NCCL's hosts run apart by a few collectives at any moment);
+- the step has not ended meanwhile.
+Then it writes the line and ends the process (its main thread is blocked and cannot raise). A
+rank that never posts (its interpreter stopped) is not named; NCCL's timeout remains for it.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ STALLED_AFTER_S = 2 * GRACE_S + 1.0
 which :func:`env.watched` names hung ranks (a CPU collective's timeout, then ``GRACE_S``), and
 well before NCCL's own timeout (``GRACE_S`` + 30 s past it)."""
 POLL_S = 0.5
-_PROGRESS = "fasttrain/progress/"  # store key prefix: where each rank is, posted when stalled
+_PROGRESS = "fasttrain/progress/"  # store key prefix: step/rank → collectives launched
 EXIT_HUNG = 1  # the run failed, not the command (as RunFailed)
 
 
@@ -45,6 +50,18 @@ def issued() -> int:
         return 0
 
 
+def verdict(me: int, first: dict[int, int], then: dict[int, int]) -> list[int]:
+    """The ranks ``me`` should name, from two reads of the posted counts ``GRACE_S`` apart:
+    those below the highest count in both reads with the same count, where ``me`` is the
+    lowest-numbered rank at the highest count; else none."""
+    if me not in then or not then:
+        return []
+    top = max(then.values())
+    if then[me] != top or min(r for r, n in then.items() if n == top) != me:
+        return []
+    return sorted(r for r, n in then.items() if n < top and first.get(r) == n)
+
+
 class StepWatchdog:
     """``with StepWatchdog(timeout_s) as dog:`` around the loop, ``dog.at_step(step)`` at each
     step boundary. ``exit`` ends the process once the line is written (``os._exit``: the main
@@ -52,7 +69,8 @@ class StepWatchdog:
 
     def __init__(self, timeout_s: float, exit=os._exit) -> None:
         self.timeout_s, self._exit = timeout_s, exit
-        self.step, self.since, self._looked = 0, time.monotonic(), -1
+        self._at = (0, time.monotonic())  # (step, when it began): one value, read at once
+        self._count, self._count_since = issued(), time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="fasttrain-step-watchdog",
                                         daemon=True)
@@ -63,44 +81,55 @@ class StepWatchdog:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
+        self._thread.join(timeout=GRACE_S + 2 * POLL_S)
 
     def at_step(self, step: int) -> None:
-        self.step, self.since = step, time.monotonic()
+        self._at = (step, time.monotonic())
+
+    def _still(self) -> float:
+        """Seconds this rank's count of launched collectives has not moved."""
+        n = issued()
+        if n != self._count:
+            self._count, self._count_since = n, time.monotonic()
+        return time.monotonic() - self._count_since
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_S):
-            step = self.step
-            if step == self._looked or time.monotonic() - self.since < (
-                    self.timeout_s + STALLED_AFTER_S):
+            still = self._still()
+            step, began = self._at
+            if time.monotonic() - began < self.timeout_s + STALLED_AFTER_S:
                 continue
-            self._looked = step  # one look a step: a long step where nobody is behind goes on
-            line = self.behind(step)
-            if line and not self._stop.is_set():
+            line = self.look(step, still)
+            if line and not self._stop.is_set() and self._at[0] == step and \
+                    self._still() >= still:  # the step goes on, nothing launched meanwhile
                 sys.stderr.write(f"fasttrain: error: {line}\n")
                 sys.stderr.flush()
                 self._exit(EXIT_HUNG)
 
-    def behind(self, step: int) -> str | None:
-        """Post this rank's progress, read the others' for ``GRACE_S``; the line naming the
-        ranks behind, where this rank is among the furthest, else None."""
+    def look(self, step: int, still: float) -> str | None:
+        """Post this rank's count for ``step``; read everyone's twice, ``GRACE_S`` apart; the
+        line naming the ranks behind (see :func:`verdict`), or None."""
         rank, world = dist.get_rank(), dist.get_world_size()
+        key = f"{_PROGRESS}{step}/"
         try:
             store = dist.distributed_c10d._get_default_store()
-            store.set(f"{_PROGRESS}{rank}", f"{step} {issued()} {time.time()}")
-            seen: dict[int, tuple[int, int]] = {}
-            deadline = time.monotonic() + GRACE_S
-            while time.monotonic() < deadline and len(seen) < world:
-                for r in set(range(world)) - set(seen):
-                    if store.check([f"{_PROGRESS}{r}"]):
-                        s, n, t = store.get(f"{_PROGRESS}{r}").decode().split()
-                        if abs(time.time() - float(t)) < 2 * GRACE_S + POLL_S:  # not stale
-                            seen[r] = (int(s), int(n))
-                time.sleep(0.1)
+            store.set(f"{key}{rank}", str(self._count))
+            first = _read(store, key, world)
+            time.sleep(GRACE_S)
+            store.set(f"{key}{rank}", str(self._count))
+            then = _read(store, key, world)
         except Exception:  # noqa: BLE001 - the store is gone: the job is ending anyway
             return None
-        top = max(seen.values(), default=None)
-        late = sorted(r for r, p in seen.items() if p < top) if top else []
-        if not late or seen.get(rank) != top:
+        if still < self.timeout_s:  # this rank has not waited as long as a collective may
             return None
-        return _hung_line(late, sorted(r for r, p in seen.items() if p == top),
+        late = verdict(rank, first, then)
+        if not late:
+            return None
+        top = max(then.values())
+        return _hung_line(late, sorted(r for r, n in then.items() if n == top),
                           f"step {step}", self.timeout_s, "ranks", "the collectives of ")
+
+
+def _read(store, key: str, world: int) -> dict[int, int]:
+    """The counts posted under ``key`` (ranks that posted nothing are left out)."""
+    return {r: int(store.get(f"{key}{r}")) for r in range(world) if store.check([f"{key}{r}"])}
