@@ -34,3 +34,8 @@ add_gpu_tests() {
   [ -n "${GPU_TESTS:-}" ] && cmds+=("python3 -m pytest -q -m gpu tests/ -k '$GPU_TESTS' --tb=short 2>&1 | grep -v Warning | tail -40")
   true
 }
+# The same tests as one lane command (the two-GPU scripts): the full log in $OUT/gpu-tests-full.txt,
+# the failures and the count in $OUT/gpu-tests.txt.
+gpu_tests_to_out() {
+  echo "python3 -m pytest -q -m gpu tests/ -k '$GPU_TESTS' --tb=short -p no:cacheprovider 2>&1 | grep -v '^DEBUG' > $OUT/gpu-tests-full.txt; grep -E '^E |^(FAILED|PASSED|ERROR)|passed|failed' $OUT/gpu-tests-full.txt | tail -60 | tee $OUT/gpu-tests.txt"
+}

@@ -17,7 +17,7 @@ IFS=';' read -ra recipes <<< "${STEP_RECIPES:-{\}}"
 args=""
 for r in "${recipes[@]}"; do args+=" --recipe '$r'"; done
 first+=("python3 benchmarks/runs/step_vs_loop.py --model $MODEL --size base --no-repeats --out $OUT/step-explore-$MODEL.jsonl $args")
-[ -n "${GPU_TESTS:-}" ] && first+=("python3 -m pytest -q -m gpu tests/ -k '$GPU_TESTS' --tb=short -p no:cacheprovider 2>&1 | grep -v '^DEBUG' > $OUT/gpu-tests-full.txt; grep -E '^E |^(FAILED|PASSED|ERROR)|passed|failed' $OUT/gpu-tests-full.txt | tail -60 | tee $OUT/gpu-tests.txt")
+[ -n "${GPU_TESTS:-}" ] && first+=("$(gpu_tests_to_out)")
 second=()
 k=0
 for l in ${LADDER:-examples/recipes/fast.toml}; do

@@ -11,7 +11,7 @@
 : "${WORKLOAD:?WORKLOAD=NAME}" "${PRESET:?PRESET=FILE}"
 ladder="python3 -m fasttrain ladder $WORKLOAD --size base --warmup 3 --recipe $PRESET"
 first=("$ladder --rungs fp32 --out $OUT/parity")
-[ -n "${GPU_TESTS:-}" ] && first+=("python3 -m pytest -q -m gpu tests/ -k '$GPU_TESTS' --tb=short -p no:cacheprovider 2>&1 | grep -v '^DEBUG' > $OUT/gpu-tests-full.txt; grep -E '^E |^(FAILED|PASSED|ERROR)|passed|failed' $OUT/gpu-tests-full.txt | tail -60 | tee $OUT/gpu-tests.txt")
+[ -n "${GPU_TESTS:-}" ] && first+=("$(gpu_tests_to_out)")
 i=0
 for p in ${TRAIN:-}; do
   first+=("$TRAIN_CMD ${p%%=*} --recipe ${p#*=} --out $OUT/train > $OUT/run-$((i++)).out")

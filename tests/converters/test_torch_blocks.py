@@ -23,7 +23,7 @@ from tests.converters.test_torch_nn import (BF16_REL, DTYPES, FUSED_REL, PLAIN_R
 from tests.interpreted import interpret  # noqa: E402,F401  (fixture: kernels interpreted)
 
 from fasttrain.converters import convert, convertible, registry  # noqa: E402
-from fasttrain.converters.registry import Finder, by_structure  # noqa: E402
+from fasttrain.converters.registry import Finder, structural  # noqa: E402
 from fasttrain.converters.torch_blocks import PreNormBlock  # noqa: E402
 from fasttrain.layers.blocks import ChainedBlocks  # noqa: E402
 from fasttrain.layers.norm import LayerNorm, RMSNorm  # noqa: E402
@@ -190,7 +190,7 @@ def test_look_alikes_are_passed_over_without_a_word(make):
 
 
 def test_the_finder_names_the_block_converter_for_blocks_only():
-    find = Finder(registry(), by_structure())
+    find = Finder(registry(), structural())
     assert find(ViTBlock(WIDTH, HEADS)).name == "torch pre-norm block"
     assert find(RmsBlock()).name == "torch pre-norm block"
     assert find(LayerScaled()) is None and find(FiveChildren()) is None

@@ -22,7 +22,7 @@ from ..errors import FasttrainError
 from ..layers.blocks import ChainedBlocks, chainable
 from ..layers.fused import fused_layers, switch_fused
 from ..recipe import kernel_families
-from .registry import Converter, Finder, by_structure, list_converters, registry
+from .registry import Converter, Finder, list_converters, registry, structural
 
 CHECK_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # of the output's largest magnitude
 CHECK_RTOL_16BIT = 2e-2
@@ -80,7 +80,7 @@ def convert(model: nn.Module, kernels: str = "none", check: bool = True,
     if not isinstance(model, nn.Module):
         raise FasttrainError(f"convert takes a torch.nn.Module, not {type(model).__name__}")
     families = kernel_families(kernels)
-    find = Finder(registry(), by_structure())
+    find = Finder(registry(), structural())
     report = ConvertReport()
     for path, module in list(model.named_modules()):
         conv = find(module)
@@ -89,7 +89,7 @@ def convert(model: nn.Module, kernels: str = "none", check: bool = True,
         why = conv.unsupported(module)
         # a converter that recognises modules by structure runs its check even with check=False:
         # the check is what tells the module's function
-        if why is None and (check or not conv.sources) and conv.sample is not None:
+        if why is None and (check or conv.by_structure) and conv.sample is not None:
             why = self_check(conv, module)
         if why is not None:
             report.skipped[(conv.name, why)] += 1
@@ -113,7 +113,7 @@ def convertible(model: nn.Module) -> bool:
     """Whether ``convert`` would find something to convert in ``model``: a module a converter
     recognises, is about and computes as configured (``unsupported`` says nothing against it;
     the numeric self-check is not run)."""
-    find = Finder(registry(), by_structure())
+    find = Finder(registry(), structural())
     for module in model.modules():
         conv = find(module)
         if conv is not None and conv.unsupported(module) is None:
@@ -153,9 +153,8 @@ def self_check(conv: Converter, module: nn.Module) -> str | None:
     in eval mode, and the module must return what the converted one does (a tensor, not a
     tuple). Without parameters to compute with (meta), such a module is refused."""
     first = next(iter(module.parameters()), None)
-    by_structure = not conv.sources
     if first is None or first.device.type == "meta":
-        if by_structure:
+        if conv.by_structure:
             return ("recognised by its children only, and the numeric self-check that decides "
                     "cannot run without its parameters' values (built on the meta device)")
         return None  # nothing to compute with: the parameters are not materialised yet
@@ -166,12 +165,12 @@ def self_check(conv: Converter, module: nn.Module) -> str | None:
         if sample is None:
             return None  # nothing to check it with: its input is not known
         args, kwargs = _to(sample[0], first.device, dtype), _to(sample[1], first.device, dtype)
-        subject = _moved(copy.deepcopy(module), gen) if by_structure else module
+        subject = _moved(copy.deepcopy(module), gen) if conv.by_structure else module
         twin = copy.deepcopy(subject)
         conv.swap(twin)
         cuda = [first.device.index or 0] if first.device.type == "cuda" else []
         pairs = []
-        for mode in ((True, False) if by_structure else (module.training,)):
+        for mode in ((True, False) if conv.by_structure else (module.training,)):
             subject.train(mode)
             twin.train(mode)
             with torch.no_grad(), torch.random.fork_rng(devices=cuda):  # the caller's RNG kept
@@ -198,7 +197,7 @@ def _moved(module: nn.Module, gen: torch.Generator) -> nn.Module:
 
 def _differs(conv: Converter, want, got) -> str | None:
     """Why the converted module's output ``got`` is not the original's ``want``, or None."""
-    if not conv.sources and type(got) is not type(want):  # recognised by structure: as it is
+    if conv.by_structure and type(got) is not type(want):  # the module as it is: same type
         return f"{conv.differs} (it returns {type(want).__name__})"
     want, got = _output(want), _output(got)
     if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):

@@ -48,6 +48,11 @@ class Converter:
     """What a self-check that finds another output says (before the largest difference): for a
     converter that recognises modules by structure, that the module computes something else."""
 
+    @property
+    def by_structure(self) -> bool:
+        """Whether it recognises modules by what they hold (``sources`` empty), not by class."""
+        return not self.sources
+
 
 SAMPLE_TOKENS = 7  # tokens of a self-check's sample sequence
 
@@ -78,9 +83,9 @@ def registry() -> dict[str, Converter]:
     return {source: conv for conv in _all() for source in conv.sources}
 
 
-def by_structure() -> tuple[Converter, ...]:
+def structural() -> tuple[Converter, ...]:
     """The converters that recognise a module by what it holds, not by its class."""
-    return tuple(conv for conv in _all() if not conv.sources)
+    return tuple(conv for conv in _all() if conv.by_structure)
 
 
 def list_converters() -> dict[str, str]:

@@ -35,7 +35,8 @@ import torch
 from torch import nn
 
 from ..layers.blocks import Branch, ChainLink
-from .registry import LIBRARY, Converter, library_forward, sequence_sample, swap_keeping_library
+from .registry import (Converter, class_path, library_forward, sequence_sample,
+                       swap_keeping_library)
 from .torch_nn import LAYER_NORM, RMS_NORM, norm_unsupported, swap_layer_norm, swap_rms_norm
 
 LAYOUT = "_fasttrain_pre_norm"  # instance attribute: the names of norm1, attn, norm2, mlp
@@ -73,11 +74,6 @@ class PreNormBlock(ChainLink, nn.Module):
         return (x, None) if chained else x
 
 
-def _class_of(module: nn.Module) -> str:
-    cls = module.__dict__.get(LIBRARY, type(module))
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 NOT_YOURS = ("torch", "fasttrain", "timm", "transformers", "diffusers")
 """Packages whose classes are not a user's own: theirs have converters by class, or not."""
 
@@ -90,9 +86,9 @@ def layout(m: nn.Module) -> tuple[str, str, str, str] | None:
         return None
     names = list(m._modules)
     n1, a, n2, b = (m._modules[n] for n in names)
-    kind = _class_of(n1)
-    if kind not in NORMS or _class_of(n2) != kind or any(
-            x is None or _class_of(x) in NORMS for x in (a, b)):
+    kind = class_path(n1)
+    if kind not in NORMS or class_path(n2) != kind or any(
+            x is None or class_path(x) in NORMS for x in (a, b)):
         return None
     if not (list(a.parameters()) and list(b.parameters())):
         return None
@@ -150,7 +146,7 @@ def swap_block(m: nn.Module) -> None:
     names = layout(m)
     norm1, attn, norm2, mlp = (m._modules[n] for n in names)
     for norm, branch in ((norm1, attn), (norm2, mlp)):
-        NORMS[_class_of(norm)](norm)
+        NORMS[class_path(norm)](norm)
         norm.feeds_matmul = starts_with_linear(branch)
     swap_keeping_library(m, PreNormBlock)
     m.__dict__[LAYOUT] = names

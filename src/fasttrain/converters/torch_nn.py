@@ -140,7 +140,8 @@ def is_patch_projection(m: nn.Module) -> bool:
 
 
 def patch_unsupported(m: nn.Module) -> str | None:
-    if m.padding != "valid" and (m.padding == "same" or tuple(m.padding) != (0, 0)):
+    padding = (0, 0) if m.padding == "valid" else m.padding
+    if padding == "same" or tuple(padding) != (0, 0):
         return f"padding {m.padding}: the GEMM path takes unpadded patches"
     if tuple(m.dilation) != (1, 1) or m.groups != 1:
         return "a dilated or grouped convolution is not one GEMM over patches"

@@ -54,7 +54,7 @@ def verdict(me: int, first: dict[int, int], then: dict[int, int]) -> list[int]:
     """The ranks ``me`` should name, from two reads of the posted counts ``GRACE_S`` apart:
     those below the highest count in both reads with the same count, where ``me`` is the
     lowest-numbered rank at the highest count; else none."""
-    if me not in then or not then:
+    if me not in then:
         return []
     top = max(then.values())
     if then[me] != top or min(r for r, n in then.items() if n == top) != me:
