@@ -188,7 +188,7 @@ def _kill_when_saving(proc, folder, delay: float, ranks_too: bool) -> set[int]:
     in sessions of their own, follow their parent), and with ``ranks_too`` every rank at the
     same moment (as a node failure would: saves torn in the middle). Returns the tree's
     processes."""
-    deadline = time.time() + 120
+    deadline = time.time() + 300  # start-up of launcher, torchrun and 2 ranks on a loaded CI
     while not any(p.name.endswith(".tmp") for p in (folder.iterdir() if folder.is_dir()
                                                     else ())):
         assert proc.poll() is None, "the run ended before its first save"

@@ -143,7 +143,8 @@ SLEEPS = [0.0, 0.0, 0.002, 0.08, 0.002, 0.002, 0.12]
 def test_throughput_uses_the_median_step_time():
     res = train(_sleepy_samples(SLEEPS), Recipe(), steps=5, warmup=1, device="cpu")
     times = res.step_times_s
-    assert statistics.mean(times) > 2 * statistics.median(times)  # the steps really vary
+    # the steps really vary (a difference: a loaded machine's per-step overhead adds to both)
+    assert statistics.mean(times) - statistics.median(times) > 0.02
     assert res.step_time_s == pytest.approx(statistics.median(times))
     assert res.throughput_unit == "sample/s"
     assert res.throughput * res.step_time_s == pytest.approx(res.batch, rel=1e-9)
@@ -153,7 +154,7 @@ def test_throughput_of_varying_token_counts_uses_the_median_step_time():
     rec = _Recorder(sleeps=SLEEPS)
     res = train(_token_workload(rec), Recipe(), steps=5, warmup=1, device="cpu")
     times = res.step_times_s
-    assert statistics.mean(times) > 2 * statistics.median(times)
+    assert statistics.mean(times) - statistics.median(times) > 0.02
     timed = [c["count"] for c in rec.calls[2:]]
     assert res.throughput_unit == "tok/s"
     assert res.throughput * res.step_time_s == pytest.approx(statistics.mean(timed), rel=1e-6)

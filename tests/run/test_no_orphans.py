@@ -26,7 +26,7 @@ def _start(args: list[str], tmp: Path) -> subprocess.Popen:
                             text=True)
 
 
-def _wait_for(proc: subprocess.Popen, marker: str, count: int, limit: float = 120):
+def _wait_for(proc: subprocess.Popen, marker: str, count: int, limit: float = 300):
     """The descendants of ``proc`` once ``count`` of them run a command line with ``marker``."""
     deadline = time.time() + limit
     while time.time() < deadline:
@@ -46,7 +46,7 @@ def _running(p: psutil.Process) -> bool:
         return False
 
 
-def _all_gone(procs, limit: float = 30) -> list:
+def _all_gone(procs, limit: float = 45) -> list:
     deadline = time.time() + limit
     while time.time() < deadline:
         left = [p for p in procs if _running(p)]
