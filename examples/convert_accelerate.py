@@ -1,7 +1,7 @@
 """Accelerate with fasttrain's fused kernels: a transformers Llama converted in place, then
 prepared by ``Accelerator`` as usual.
 
-    python examples/convert_accelerate.py
+    python -m examples.convert_accelerate
 """
 from __future__ import annotations
 

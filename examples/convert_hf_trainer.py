@@ -1,7 +1,7 @@
 """Hugging Face ``Trainer`` with fasttrain's fused kernels: a transformers Llama converted in
 place before the Trainer sees it.
 
-    python examples/convert_hf_trainer.py
+    python -m examples.convert_hf_trainer
 
 The converted model keeps its class's methods (``save_pretrained``, ``generate``) and its state
 dict. Batches without an ``attention_mask`` (packed or equal-length sequences) take the fused

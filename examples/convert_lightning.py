@@ -1,7 +1,7 @@
 """Lightning with fasttrain's fused kernels: a timm model converted in place inside a
 ``LightningModule``.
 
-    python examples/convert_lightning.py
+    python -m examples.convert_lightning
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Your own training loop with fasttrain's fused kernels: a timm model converted in place.
 
-    python examples/convert_own_loop.py
+    python -m examples.convert_own_loop
 
 ``fasttrain.convert`` swaps timm's ViT/Swin classes for fasttrain layers that compute the same
 function, keeps every parameter (names, shapes, the objects themselves), and switches on the

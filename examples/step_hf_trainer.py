@@ -1,7 +1,7 @@
 """Hugging Face ``Trainer`` with ``fasttrain.Step``: the Trainer keeps its loop (data, logging,
 saving, the learning-rate schedule) and the Step does the training step (a tiny Llama).
 
-    python examples/step_hf_trainer.py
+    python -m examples.step_hf_trainer
 
 The Trainer normally runs backward, clipping and the optimizer step itself. Here its
 ``training_step`` calls the Step, which does all three on the Trainer's own optimizer and

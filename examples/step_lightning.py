@@ -2,7 +2,7 @@
 ``training_step`` (a plain ViT from examples/vit.py). The Step steps the optimizer Lightning
 built; a learning-rate scheduler is then yours to step, as always under manual optimization.
 
-    python examples/step_lightning.py
+    python -m examples.step_lightning
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Your own training loop, its step made fast by ``fasttrain.Step``: a nanoGPT-style GPT
 (examples/gpt.py) trained by a plain loop. Only the loop's body changes.
 
-    python examples/step_own_loop.py            # tiny GPT, on a GPU if there is one
+    python -m examples.step_own_loop            # tiny GPT, on a GPU if there is one
 """
 from __future__ import annotations
 

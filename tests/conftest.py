@@ -34,6 +34,32 @@ def _interpreted_optimizer_blocks(monkeypatch):
     yield
 
 
+@pytest.fixture
+def timm_without_torchvision(monkeypatch):
+    """``import timm`` fails as timm installed without torchvision does."""
+    import builtins
+    import importlib
+    import sys
+
+    monkeypatch.delitem(sys.modules, "timm", raising=False)
+    real_import = builtins.__import__
+
+    def no_torchvision(name, *args, **kwargs):
+        if name == "timm":
+            raise ModuleNotFoundError("No module named 'torchvision'", name="torchvision")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torchvision)
+    real_import_module = importlib.import_module
+
+    def import_module(name, package=None):
+        if name == "timm":
+            raise ModuleNotFoundError("No module named 'torchvision'", name="torchvision")
+        return real_import_module(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

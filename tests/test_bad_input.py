@@ -261,6 +261,9 @@ def test_unknown_workload_in_every_subcommand(capsys, tmp_path, command):
     (["--set", "lr=fast"], "recipe: lr expects float, got 'fast'"),
     (["--set", "batch=two"], "recipe: batch expects int, got 'two'"),
     (["--set", "cuda_graphs=maybe"], "cuda_graphs expects bool"),
+    (["--set", "lr=-1"], "recipe: lr must be >= 0 (0: the workload's own), not -1.0"),
+    (["--set", "ema_decay=1"], "recipe: ema_decay must be in [0, 1), not 1.0"),
+    (["--set", "precison=bf16-mixed"], "unknown switch 'precison': did you mean 'precision'?"),
     (["--set", "precision"], "--set expects key=value"),
     (["--set", "batch=3", "--set", "accumulation=2"], "not divisible by accumulation=2"),
     (["--set", "cuda_graphs=true"], "cuda_graphs needs CUDA"),
@@ -281,7 +284,9 @@ def test_bad_recipes_and_options(capsys, bad, extra, needle):
 
 
 @pytest.mark.parametrize("extra,needle", [
-    (["--opt", "vocab=many"], "workload 'llama': invalid literal for int()"),
+    (["--opt", "vocab=many"], "workload 'llama': option 'vocab' takes an integer or None, got 'many'"),
+    (["--opt", "varlen=maybe"], "option 'varlen' is a switch, got 'maybe': give true or false"),
+    (["--opt", "seq_len=1.5"], "option 'seq_len' takes an integer or None, got 1.5"),
     (["--opt", "vocab=-5"], "vocab must be at least 2"),
 ])
 def test_bad_workload_option_values(capsys, extra, needle):
@@ -333,7 +338,7 @@ def test_bad_data_of_other_workloads(capsys, files, workload, data, needle):
 
 # 16: --resume, --save, --export
 @pytest.mark.parametrize("resume,needle", [
-    ("missing", "no fasttrain checkpoint in"),
+    ("missing", "the folder does not exist"),
     ("empty", "no fasttrain checkpoint in"),
     ("a-file", "no fasttrain checkpoint in"),
     ("ckpt-bad", "fasttrain.json is damaged"),
@@ -368,6 +373,26 @@ def test_resume_auto_without_save(capsys):
 ])
 def test_bad_module_factory(capsys, spec, needle):
     _one_line(capsys, ["train", spec, *FAST], 2, needle)
+
+
+@pytest.mark.parametrize("source,spec,needle", [
+    ("def make(:\n", "usermod_syntax:make", "raised SyntaxError: invalid syntax ("),
+    ("raise RuntimeError('no GPU here')\n", "usermod_raises:make",
+     "importing 'usermod_raises' raised RuntimeError: no GPU here; fix the module"),
+    ("", "usermod_path.py:make", "is a file path: give a module path, e.g. usermod_path:make"),
+    ("", "pkg/usermod_path:make", "give a module path, e.g. pkg.usermod_path:make"),
+    ("", "nosuchpkg_xyz.mod:make", "run from the folder that holds it"),
+])
+def test_a_user_module_that_cannot_load_is_a_mistake(capsys, tmp_path, monkeypatch, source, spec,
+                                                     needle):
+    """A module with a syntax error, one that raises as it loads, a file path given for a
+    module path and a package not found from here: exit 2, one line."""
+    name = spec.split(":")[0].removesuffix(".py").split("/")[-1]
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _one_line(capsys, ["train", spec, *FAST, "--out", str(tmp_path / "o")], 2, needle)
+    assert not list((tmp_path / "o").glob("*")) if (tmp_path / "o").exists() else True
 
 
 # 18: report
@@ -591,3 +616,13 @@ def test_infer_a_checkpoint_of_another_workload(capsys, tmp_path):
 def test_infer_on_cuda_on_a_machine_without_it(capsys, tmp_path):
     _one_line(capsys, [*INFER, "--out", str(tmp_path / "o"), "--device", "cuda"], 2,
               "CUDA is not available")
+
+
+@pytest.mark.parametrize("text,value", [("false", False), ("False", False), ("0", False),
+                                        ("no", False), ("true", True), ("1", True)])
+def test_a_switch_option_given_as_text_is_that_truth_value(text, value):
+    """``--opt varlen=false`` is False: a non-empty string handed on as is would be true."""
+    from fasttrain.cli.common import _options
+    from fasttrain.workloads import load_workload
+
+    assert load_workload("llama", "tiny", **_options([f"varlen={text}"])).varlen is value

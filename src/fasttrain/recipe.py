@@ -7,6 +7,7 @@ naming the switch — one line, never a traceback.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -306,8 +307,12 @@ def validate(r: Recipe) -> None:
     if r.batch and r.batch % r.accumulation:
         raise FasttrainError(
             f"recipe: batch={r.batch} is not divisible by accumulation={r.accumulation}")
-    if r.lr < 0 or r.grad_clip < 0 or not 0.0 <= r.ema_decay < 1.0:
-        raise FasttrainError("recipe: lr must be >= 0, grad_clip >= 0 and 0 <= ema_decay < 1")
+    for bad, rule in ((r.lr < 0, f"lr must be >= 0 (0: the workload's own), not {r.lr}"),
+                      (r.grad_clip < 0, f"grad_clip must be >= 0 (0: off), not {r.grad_clip}"),
+                      (not 0.0 <= r.ema_decay < 1.0,
+                       f"ema_decay must be in [0, 1), not {r.ema_decay}")):
+        if bad:
+            raise FasttrainError(f"recipe: {rule}")
     if r.prefetch_factor < 1:
         raise FasttrainError("recipe: prefetch_factor must be >= 1")
     _validate_padding(r)
@@ -363,7 +368,10 @@ def with_overrides(base: Recipe, changes: dict[str, Any]) -> Recipe:
     for key, raw in changes.items():
         key = key.replace("-", "_")
         if key not in known:
-            raise FasttrainError(f"recipe: unknown switch {key!r}")
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = (f"did you mean {near[0]!r}?" if near else
+                    "docs/recipe.md lists the switches")
+            raise FasttrainError(f"recipe: unknown switch {key!r}: {hint}")
         clean[key] = _coerce(key, raw, known[key])
     return dataclasses.replace(base, **clean)
 

@@ -102,7 +102,7 @@ def test_blocks_in_a_sequential_run_as_one_chain(block):
     for fused in (False, True):
         twin, report = converted(model, fused)
         assert report.chained == 1 and type(twin.blocks) is ChainedBlocks
-        assert report.converted["torch pre-norm block"] == 3
+        assert report.converted["your pre-norm block"] == 3
         assert [b.hands_on() for b in twin.blocks] == [fused] * 3
         assert_same(forward_backward(twin, x), want, FUSED_REL if fused else PLAIN_REL)
 
@@ -154,8 +154,8 @@ def test_blocks_that_compute_something_else_stay_with_the_reason(block):
     model = randomise(block(WIDTH, HEADS))
     twin = copy.deepcopy(model)
     report = convert(twin)
-    assert type(twin) is block and "torch pre-norm block" not in report.converted
-    lines = [ln for ln in report.skipped_lines() if ln.startswith("torch pre-norm block")]
+    assert type(twin) is block and "your pre-norm block" not in report.converted
+    lines = [ln for ln in report.skipped_lines() if ln.startswith("your pre-norm block")]
     assert len(lines) == 1 and "not a pre-norm block" in lines[0], report.skipped_lines()
     x = tokens()
     assert_same([twin(x)], [model(x)], PLAIN_REL)  # its norms and MLP converted one by one
@@ -165,7 +165,7 @@ def test_a_block_whose_norms_cannot_be_fused_stays_with_the_reason():
     model = ViTBlock(WIDTH, HEADS).double()
     report = convert(model)
     assert not isinstance(model, PreNormBlock)
-    assert any(ln.startswith("torch pre-norm block") and "torch.float64" in ln
+    assert any(ln.startswith("your pre-norm block") and "torch.float64" in ln
                for ln in report.skipped_lines()), report.skipped_lines()
 
 
@@ -185,14 +185,14 @@ class FiveChildren(ViTBlock):
 ])
 def test_look_alikes_are_passed_over_without_a_word(make):
     report = convert(make())
-    assert "torch pre-norm block" not in report.converted
-    assert not any(ln.startswith("torch pre-norm block") for ln in report.skipped_lines())
+    assert "your pre-norm block" not in report.converted
+    assert not any(ln.startswith("your pre-norm block") for ln in report.skipped_lines())
 
 
 def test_the_finder_names_the_block_converter_for_blocks_only():
     find = Finder(registry(), structural())
-    assert find(ViTBlock(WIDTH, HEADS)).name == "torch pre-norm block"
-    assert find(RmsBlock()).name == "torch pre-norm block"
+    assert find(ViTBlock(WIDTH, HEADS)).name == "your pre-norm block"
+    assert find(RmsBlock()).name == "your pre-norm block"
     assert find(LayerScaled()) is None and find(FiveChildren()) is None
     assert find(nn.LayerNorm(WIDTH)).name == "torch LayerNorm"  # by class, as before
     assert convertible(Stack(ViTBlock))
@@ -208,7 +208,7 @@ def test_a_block_built_on_meta_is_refused_even_without_checks():
         twin = copy.deepcopy(model)
         report = convert(twin, check=check)
         assert not any(isinstance(b, PreNormBlock) for b in twin.blocks)
-        assert any(ln.startswith("torch pre-norm block") and "meta device" in ln
+        assert any(ln.startswith("your pre-norm block") and "meta device" in ln
                    for ln in report.skipped_lines()), report.skipped_lines()
 
 
@@ -270,7 +270,7 @@ def test_the_stream_by_keyword_runs_the_users_forward():
 
     model = randomise(Named(WIDTH, HEADS))
     twin = copy.deepcopy(model)
-    assert convert(twin).converted["torch pre-norm block"] == 1
+    assert convert(twin).converted["your pre-norm block"] == 1
     x = tokens()
     assert_same([twin(hidden_states=x), twin(x)], [model(x), model(x)], PLAIN_REL)
 
@@ -326,5 +326,34 @@ def test_a_block_returning_a_tuple_stays_with_the_reason():
 
 def test_a_block_that_needs_more_than_the_stream_is_passed_over():
     report = convert(NeedsMask(WIDTH, HEADS))
-    assert "torch pre-norm block" not in report.converted
-    assert not any(ln.startswith("torch pre-norm block") for ln in report.skipped_lines())
+    assert "your pre-norm block" not in report.converted
+    assert not any(ln.startswith("your pre-norm block") for ln in report.skipped_lines())
+
+
+class MhaBlock(nn.Module):
+    """A pre-norm block of the user's own around torch's nn.MultiheadAttention, which takes
+    (query, key, value): the pattern's branch(x) cannot stand in for its call."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(WIDTH)
+        self.attn = nn.MultiheadAttention(WIDTH, HEADS, batch_first=True)
+        self.norm2 = nn.LayerNorm(WIDTH)
+        self.mlp = nn.Sequential(nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH))
+
+    def forward(self, x):
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+def test_a_block_around_multihead_attention_is_refused_with_its_reason():
+    model = nn.Sequential(MhaBlock(), MhaBlock())
+    x = torch.randn(2, 5, WIDTH)
+    want = model(x)
+    report = convert(model)
+    assert not any(isinstance(b, PreNormBlock) for b in model)
+    lines = [ln for ln in report.skipped_lines() if ln.startswith("your pre-norm block")]
+    assert lines and all("branch 'attn' (MultiheadAttention) needs 3 inputs" in ln
+                         for ln in lines), report.skipped_lines()
+    torch.testing.assert_close(model(x), want)

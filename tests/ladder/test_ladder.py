@@ -146,6 +146,8 @@ def test_peer_summary_compares_the_best_passing_rung_with_the_peer():
             {"kind": "peer", "rung": "peer", "throughput": 250.0}]
     assert "'graphs'" in peer_summary(rows) and "1.20x" in peer_summary(rows)
     assert peer_summary(rows[:3]) is None
+    on_cpu = [{**r, "device": "cpu"} for r in rows]  # CPU timings quote no ratio, as the table
+    assert "x the peer" not in peer_summary(on_cpu) and "no ratio quoted" in peer_summary(on_cpu)
 
 
 def test_from_runs_the_base_then_the_later_rungs_with_cumulative_recipes():

@@ -155,3 +155,24 @@ def test_gqa_flop_formulas_count_grouped_query_attention(monkeypatch):
         assert fc.sdpa_flop(q, kv, kv) == strict(q, rep, rep)  # the registered formula sees the patch
         assert fc.sdpa_backward_flop(q, q, kv, kv) == strict_bwd(q, q, rep, rep)
     assert fc.sdpa_flop_count is strict and fc.sdpa_backward_flop_count is strict_bwd
+
+
+def test_a_missing_dependency_of_the_peers_package_is_named(timm_without_torchvision):
+    """timm installed without torchvision: the line names torchvision and how to get it."""
+    from fasttrain.peers import unavailable
+
+    assert unavailable("swin") == ("peer needs timm, which needs torchvision (not installed: "
+                                   "pip install torchvision)")
+    assert unavailable("examples.gpt:make_workload") is None  # the plain loop needs nothing
+
+
+def test_a_ladder_with_a_peer_that_cannot_run_is_refused_before_its_rungs(monkeypatch, capsys,
+                                                                          tmp_path):
+    from fasttrain.cli import main
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    assert main(["ladder", "llama", "--peer", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("fasttrain: error: --peer: the peer needs transformers (not installed); "
+                   "install it, or run without --peer")
+    assert not list(tmp_path.iterdir())  # no rung ran, no rows file left

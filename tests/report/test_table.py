@@ -10,7 +10,8 @@ from rich.console import Console
 
 from fasttrain.report.live import Board, show_progress
 from fasttrain.report.table import (COLUMNS, CPU_NOTE, NARROW, ladder_view, markdown_table,
-                                    notes, plain_line, rich_table, row_cells)
+                                    notes, numbered_warnings, plain_line, rich_table,
+                                    row_cells)
 
 GPU_ROWS = Path(__file__).with_name("rows.jsonl")
 
@@ -155,3 +156,15 @@ def test_ctrl_c_shows_the_rows_so_far_and_goes_on():
     with pytest.raises(KeyboardInterrupt):
         show_progress(_runner(_rows("cuda")[:2], [], interrupt=True), "ladder", console)
     assert "bf16" in console.file.getvalue()
+
+
+def test_a_warning_repeated_by_later_rungs_keeps_its_first_number():
+    """Cumulative rungs repeat their switches' warnings: one note, pointed at by each; a text
+    that starts with its rung's name is not prefixed twice."""
+    rows = [{**_ROW, "rung": "dataloader", "device": "cuda",
+             "warnings": ["dataloader: pin_memory needs CUDA; ignored"]},
+            {**_ROW, "rung": "compile", "device": "cuda",
+             "warnings": ["dataloader: pin_memory needs CUDA; ignored", "compile: 2 breaks"]}]
+    refs, texts = numbered_warnings(rows)
+    assert texts == ["dataloader: pin_memory needs CUDA; ignored", "compile: 2 breaks"]
+    assert refs == [[1], [1, 2]]

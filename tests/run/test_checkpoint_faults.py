@@ -329,8 +329,8 @@ def test_a_signal_saves_after_the_step_and_exits(tmp_path, signum, code):
 
 @pytest.mark.parametrize("extra,needle", [
     (["--save-every", "2"], "--save-every saves into the folder of --save"),
-    (["--save", "c", "--keep", "0"], "--keep 1 or more"),
-    (["--save", "c", "--save-every", "-1"], "--save-every must be 0 or more"),
+    (["--save", "c", "--keep", "0"], "--keep must be 1 or more (the newest step folders kept), not 0"),
+    (["--save", "c", "--save-every", "-1"], "--save-every must be 0 or more (0: only at the end), not -1"),
 ])
 def test_bad_save_options_are_one_line(capsys, tmp_path, extra, needle):
     from fasttrain.cli import main
@@ -341,3 +341,24 @@ def test_bad_save_options_are_one_line(capsys, tmp_path, extra, needle):
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err, err
     assert not (tmp_path / "c").exists()
+
+
+def test_resume_compares_the_batch_and_lr_the_run_really_used(tmp_path, capsys):
+    """A save of the workload's own batch records that batch (not the recipe's 0, "the
+    workload's"), so resuming with that batch given explicitly is accepted; another batch is
+    refused in one line naming the way out."""
+    from fasttrain.cli import main
+
+    ckpt, out = tmp_path / "c", str(tmp_path / "o")
+    common = ["train", "vit", "--size", "tiny", "--device", "cpu", "--warmup", "0", "--out", out]
+    assert main([*common, "--steps", "1", "--save", str(ckpt)]) == 0
+    wl = load_workload("vit", "tiny")
+    record = json.loads((resolve(ckpt) / "fasttrain.json").read_text())["recipe"]
+    assert record["batch"] == wl.default_batch and record["lr"] == wl.reference_lr
+    assert main([*common, "--steps", "1", "--resume", str(ckpt), "--batch",
+                 str(wl.default_batch)]) == 0
+    capsys.readouterr()
+    assert main([*common, "--steps", "1", "--resume", str(ckpt), "--batch",
+                 str(wl.default_batch * 2)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"resume with --set batch={wl.default_batch}" in err, err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import datetime
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def _out_path(args, kind: str, size: str, suffix: str = ".jsonl") -> Path:
     Left empty, it is removed when the command ends (:func:`_drop_unused_outputs`)."""
     _out_folder(args.out)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = args.workload.replace(":", "_").replace(".", "_")
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", args.workload)
     for n in range(1, 10_000):
         path = Path(args.out) / f"{kind}-{name}-{size}-{stamp}{f'-{n}' if n > 1 else ''}{suffix}"
         if os.environ.get("RANK", "0") != "0":  # a torchrun rank other than 0 writes no rows

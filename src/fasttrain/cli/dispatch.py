@@ -66,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = build_parser().parse_known_args(argv)
+        if extra:  # argparse's top level would name no command and point at the top --help
+            command = getattr(args, "command", None)
+            where = f"fasttrain {command}" if command else "fasttrain"
+            raise _Usage(f"{command + ': ' if command else ''}unrecognized arguments: "
+                         f"{' '.join(extra)} (see {where} --help)")
     except _Usage as err:
         return _error(err, 2)
     try:

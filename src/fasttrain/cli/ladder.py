@@ -41,6 +41,12 @@ def cmd_ladder(args) -> int:
     if rungs == ["none"] and not spec.peer and not extra:
         raise FasttrainError("--rungs none runs only the peer: add --peer (one process), or "
                              "name rungs")
+    if spec.peer:
+        from ..peers import unavailable
+
+        why = unavailable(spec.workload)
+        if why:
+            raise FasttrainError(f"--peer: the {why}; install it, or run without --peer")
     try:
         rows = show_progress(lambda on_row, on_start: run_ladder(spec, on_row, on_start),
                              f"fasttrain ladder · {spec.workload} {spec.size} · {spec.device}")

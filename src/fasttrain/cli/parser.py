@@ -22,7 +22,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", nargs="?", default="vit",
-                   help="vit | swin | sd | llama | package.module:factory (default vit)")
+                   help="vit | swin | sd | llama | timm:NAME | hf:llama | diffusers:sd-v1 | "
+                        "package.module:factory (default vit)")
     p.add_argument("--size", default=None, help="tiny | base | large (default: base on CUDA, "
                    "tiny on CPU)")
     p.add_argument("--batch", type=int, default=None, help="samples per optimizer step")

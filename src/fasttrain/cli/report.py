@@ -70,5 +70,14 @@ def cmd_workloads(args) -> int:
     from ..workloads import REGISTRY
 
     for name, target in REGISTRY.items():
-        print(f"{name:8s} {target}")
+        print(f"{name:18s} {target}")
+    for name, what in PUBLIC_EXAMPLES.items():
+        print(f"{name:18s} {what}")
+    print(f"{'package.module:factory':18s} your own model (docs/your-model.md)")
     return 0
+
+
+PUBLIC_EXAMPLES = {"timm:NAME": "a timm model by name, e.g. timm:swin_base_patch4_window7_224",
+                   "hf:llama": "transformers' LlamaForCausalLM (Llama-3.2-1B shapes, or "
+                               "--opt config=CONFIG.json)",
+                   "diffusers:sd-v1": "diffusers' SD v1 UNet + CLIP text encoder + VAE encoder"}

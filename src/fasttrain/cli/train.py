@@ -38,9 +38,12 @@ def cmd_train(args) -> int:
         raise FasttrainError("--export consolidates the checkpoint of --save; give both")
     if args.save_every and not args.save:
         raise FasttrainError("--save-every saves into the folder of --save; give both")
-    if args.save_every < 0 or args.keep < 1:
-        raise FasttrainError(f"--save-every must be 0 or more and --keep 1 or more, not "
-                             f"{args.save_every} and {args.keep}")
+    if args.save_every < 0:
+        raise FasttrainError(f"--save-every must be 0 or more (0: only at the end), not "
+                             f"{args.save_every}")
+    if args.keep < 1:
+        raise FasttrainError(f"--keep must be 1 or more (the newest step folders kept), not "
+                             f"{args.keep}")
     if args.export:
         _file_target(args.export, "--export")
     resume = _resume_from(args)

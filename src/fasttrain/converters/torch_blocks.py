@@ -122,7 +122,12 @@ def block_unsupported(m: nn.Module) -> str | None:
     if checkpoints(m):
         return ("its forward checkpoints activations, which the converted block would not do "
                 "(checkpoint the blocks from outside, or leave them as they are)")
-    norm1, _, norm2, _ = (m._modules[n] for n in layout(m))
+    names = layout(m)
+    norm1, _, norm2, _ = (m._modules[n] for n in names)
+    for name in (names[1], names[3]):
+        if (need := _inputs_needed(m._modules[name])) > 1:
+            return (f"its branch {name!r} ({type(m._modules[name]).__name__}) needs {need} "
+                    "inputs, a pre-norm block's branch takes the stream alone; left as written")
     for norm in (norm1, norm2):
         if why := norm_unsupported(norm):
             return why
@@ -130,6 +135,17 @@ def block_unsupported(m: nn.Module) -> str | None:
         return (f"norms of widths {tuple(norm1.normalized_shape)} and "
                 f"{tuple(norm2.normalized_shape)}: not one residual stream")
     return None
+
+
+def _inputs_needed(branch: nn.Module) -> int:
+    """How many positional arguments ``branch``'s forward requires (nn.MultiheadAttention: 3,
+    query, key and value; a branch of the pattern: 1)."""
+    try:
+        params = inspect.signature(branch.forward).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               for p in params)
 
 
 def starts_with_linear(branch: nn.Module) -> bool:
@@ -157,7 +173,7 @@ def width(m: nn.Module) -> int:
 
 
 CONVERTERS = (
-    Converter("torch pre-norm block", (), "x + attn(norm1(x)), + mlp(norm2(·)) on fasttrain's "
+    Converter("your pre-norm block", (), "x + attn(norm1(x)), + mlp(norm2(·)) on fasttrain's "
               "norms: the residual adds in the norms' kernels, blocks in an nn.Sequential "
               "chained (kernels=layernorm, rmsnorm)", block_unsupported, swap_block,
               sequence_sample(width), is_pre_norm_block,

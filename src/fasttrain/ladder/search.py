@@ -10,6 +10,7 @@ from ..errors import FasttrainError
 from ..measure.files import write_atomic
 from ..measure.rows import append_row, make_row
 from ..recipe import Recipe, kernel_families, to_toml
+from ..report.table import on_cpu
 from ..techniques import technique_of
 from ..workloads.base import Workload
 from .rungs import Rung, build_ladder
@@ -248,6 +249,6 @@ def write_fast_preset(workload: str, size: str, rows: list[dict], out: Path) -> 
                              speedup=best.get("speedup"), vs_peer=vs_peer,
                              vs_peer_steady=ratio["steady"] if ratio else None,
                              recipe_file=str(path), env=best.get("env")))
-    gain = f", {best['speedup']:.2f}x fp32" if best.get("speedup") else ""
+    gain = f", {best['speedup']:.2f}x fp32" if best.get("speedup") and not on_cpu(best) else ""
     return (f"fast preset: {best['rung']} ({best['throughput']:,.1f} {best['throughput_unit']}"
             f"{gain}) → {path} (run it: fasttrain ladder {workload} --recipe {path})")

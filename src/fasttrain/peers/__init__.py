@@ -37,6 +37,29 @@ def peer_entry(workload: str) -> tuple[str, str, str] | None:
     return PEERS.get(workload)
 
 
+# peer module → the packages it imports (checked before a ladder starts)
+PACKAGES: dict[str, tuple[str, ...]] = {"timm_peers": ("timm",),
+                                        "diffusers_peer": ("diffusers", "transformers"),
+                                        "hf_llama_peer": ("transformers",)}
+
+
+def unavailable(workload: str) -> str | None:
+    """Why the peer of ``workload`` cannot run here (a package it needs does not import), or
+    None; a ladder asks before its first rung rather than after its last."""
+    from .loop import PeerUnavailable, require
+
+    entry = peer_entry(workload)
+    needs = PACKAGES.get(entry[0], ()) if entry else ()
+    if workload == "llama-liger":
+        needs += ("liger_kernel.transformers",)
+    for module in needs:
+        try:
+            require(module, "liger-kernel" if module.startswith("liger") else None)
+        except PeerUnavailable as err:
+            return str(err)
+    return None
+
+
 def list_peers() -> dict[str, str]:
     """Peer workload names and what each runs."""
     return {name: what for name, (_, _, what) in PEERS.items()}

@@ -35,6 +35,10 @@ def require(module: str, package: str | None = None):
     except ModuleNotFoundError as err:
         if err.name and err.name.split(".")[0] == module.split(".")[0]:
             raise PeerUnavailable(f"peer needs {package} (not installed)") from None
+        if err.name:  # installed, but something it imports is not (timm without torchvision)
+            dep = err.name.split(".")[0]
+            raise PeerUnavailable(f"peer needs {package}, which needs {dep} (not installed: "
+                                  f"pip install {dep})") from None
         raise PeerUnavailable(f"peer needs {package} (import failed: {err})") from None
     except ImportError as err:
         raise PeerUnavailable(f"peer needs {package} (import failed: {err})") from None

@@ -134,6 +134,9 @@ def peer_summary(rows: list[dict]) -> str | None:
     unit = best["throughput_unit"]
     memory = (f"peak {best.get('peak_allocated_gib') or 0:.1f} vs "
               f"{peer.get('peak_allocated_gib') or 0:.1f} GiB")
+    if on_cpu(best):  # as in the table: CPU timings check the plumbing, they quote no ratio
+        return (f"best fasttrain rung '{best['rung']}': {best['throughput']:,.1f} {unit}, the "
+                f"peer {peer['throughput']:,.1f} (CPU: the plumbing checked; no ratio quoted)")
     if confirmed is None or confirmed.get("ratio") is None:
         note = f"; {confirmed['reason']}" if confirmed else ""
         return (f"best fasttrain rung '{best['rung']}': {best['throughput']:,.1f} {unit} = "
@@ -173,7 +176,7 @@ def fast_summary(rows: list[dict]) -> str | None:
     fast = next((r for r in rows if r.get("kind") == "fast"), None)
     if not fast:
         return None
-    peer = f", {fast['vs_peer']:.2f}x the peer" if fast.get("vs_peer") else ""
+    peer = f", {fast['vs_peer']:.2f}x the peer" if fast.get("vs_peer") and not on_cpu(fast) else ""
     if fast.get("vs_peer") and fast.get("vs_peer_steady") is False:
         peer += " (not steady)"
     return (f"fast preset: '{fast['rung']}' at {fast['throughput']:,.1f} "
@@ -189,13 +192,20 @@ def _refs(refs: list[int] | None) -> str:
 
 
 def numbered_warnings(rows: list[dict]) -> tuple[list[list[int]], list[str]]:
-    """Each row's warning numbers, and the warnings as "rung: text" (number i at [i - 1])."""
-    refs, texts = [], []
+    """Each row's warning numbers, and the warnings as "rung: text" (number i at [i - 1]).
+    A warning that an earlier rung already gave (the cumulative rungs repeat their switches'
+    warnings) keeps that rung's number; a text that starts with the rung's own name is not
+    prefixed with it twice."""
+    refs, texts, first = [], [], {}
     for row in rows:
         mine = []
         for warning in row.get("warnings") or []:
-            texts.append(f"{_name(row)}: {warning}")
-            mine.append(len(texts))
+            if warning not in first:
+                name = _name(row)
+                texts.append(warning if warning.startswith(f"{name}: ") else f"{name}: {warning}")
+                first[warning] = len(texts)
+            if first[warning] not in mine:
+                mine.append(first[warning])
         refs.append(mine)
     return refs, texts
 

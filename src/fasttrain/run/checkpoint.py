@@ -14,10 +14,12 @@ in one line otherwise), and the non-tensor entries (learning rates, betas, flags
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -102,11 +104,12 @@ def save(state: TrainState, folder: str | Path, step: int, keep: int = 0) -> Pat
         step_folders.begin(root, step)
     dist_env.barrier("checkpoint save", timeout)
     h = named_state.holder(state.model, state.optimizer, state.zero1)
-    dcp.save(_state(state, h), checkpoint_id=str(step_folders.temp_folder(root, step)))
+    with _one_process_is_meant():
+        dcp.save(_state(state, h), checkpoint_id=str(step_folders.temp_folder(root, step)))
     dist_env.barrier("checkpoint save", timeout)  # every rank's files are written and synced
     published = root
     if main:
-        meta = {"step": step, "recipe": state.recipe.to_dict(),
+        meta = {"step": step, "recipe": _effective(state.recipe.to_dict(), state),
                 "workload": [state.workload.name, state.workload.size],
                 "schedule": schedule_record(state.scheduler),
                 "world": dist_env.current().world, "optimizer_state": h.prefix if h else "dcp"}
@@ -234,6 +237,16 @@ class _SafeExportPlanner(_PlainData, _EmptyStateDictLoadPlanner):
     pass
 
 
+@contextlib.contextmanager
+def _one_process_is_meant():
+    """DCP warns that it "assumes the intent is to save in a single process" whenever no process
+    group is up; for a run of one process that is the intent, so the warning is only noise."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable "
+                                "or uninitialized", category=UserWarning)
+        yield
+
+
 def _dcp_load(target: dict, folder: Path, planner, whole: bool = False) -> None:
     """``dcp.load`` that runs nothing from the folder; DCP's wrapped refusals come out as ours.
     ``whole``: fill the empty ``target`` with everything, in this process (dcp_to_torch_save's
@@ -244,7 +257,8 @@ def _dcp_load(target: dict, folder: Path, planner, whole: bool = False) -> None:
         if whole:
             _load_state_dict(target, storage_reader=reader, planner=planner, no_dist=True)
         else:
-            dcp.load(target, storage_reader=reader, planner=planner)
+            with _one_process_is_meant():
+                dcp.load(target, storage_reader=reader, planner=planner)
     except CheckpointException as err:
         for exc, _ in err.failures.values():
             if isinstance(exc, FasttrainError):
@@ -259,6 +273,17 @@ _LAYOUTS = {"dcp": "the optimizer's own (DCP's state dict)",
 """How a checkpoint's optimizer state is laid out (its record's ``optimizer_state``)."""
 
 
+def _effective(recipe: dict, state: TrainState) -> dict:
+    """A recipe's record with the values the run really used where it left them to the
+    workload (batch 0: the workload's batch; lr 0: its reference lr)."""
+    out = dict(recipe)
+    if not out.get("batch"):
+        out["batch"] = state.workload.default_batch
+    if "lr" in out and not out["lr"]:
+        out["lr"] = state.workload.reference_lr
+    return out
+
+
 def load(state: TrainState, folder: str | Path) -> int:
     """Restore model, optimizer, EMA and schedule; returns the step to continue from."""
     check(state)
@@ -271,7 +296,8 @@ def load(state: TrainState, folder: str | Path) -> int:
     if not isinstance(meta, dict):
         raise FasttrainError(f"resume: {folder / META} is damaged (not a fasttrain checkpoint's "
                              "JSON record): save the checkpoint again") from None
-    saved, now = meta.get("recipe", {}), state.recipe.to_dict()
+    saved = _effective(meta.get("recipe", {}), state)
+    now = _effective(state.recipe.to_dict(), state)
     was, this = meta.get("workload"), [state.workload.name, state.workload.size]
     if was and was != this:
         raise FasttrainError(f"resume: {folder} holds a {' '.join(was)} checkpoint, this run is "
@@ -280,7 +306,8 @@ def load(state: TrainState, folder: str | Path) -> int:
     for key in ("batch", "ema", "optimizer", "accumulation", "precision", "master_weights"):
         if key in saved and saved[key] != now[key]:
             raise FasttrainError(f"resume: the checkpoint has {key}={saved[key]!r}, this run "
-                                 f"{key}={now[key]!r}")
+                                 f"{key}={now[key]!r}: resume with --set {key}={saved[key]}, "
+                                 "or start a new run (without --resume)")
     h = named_state.holder(state.model, state.optimizer, state.zero1)
     layout, now_layout = meta.get("optimizer_state", "dcp"), h.prefix if h else "dcp"
     if layout != now_layout:  # by name (zero1's partitions, a shadow's copies) or DCP's own

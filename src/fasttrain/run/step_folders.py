@@ -118,4 +118,8 @@ def resolve(folder: str | Path, whole: Callable[[Path], bool]) -> Path:
                              "--resume or save again")
     if (folder / META).is_file():  # a record alone: loading it says what is wrong with it
         return folder
-    raise FasttrainError(f"no fasttrain checkpoint in {folder}")
+    if not folder.exists():
+        raise FasttrainError(f"no fasttrain checkpoint in {folder}: the folder does not exist "
+                             "(give the folder that --save wrote)")
+    raise FasttrainError(f"no fasttrain checkpoint in {folder}: give the folder that --save "
+                         "wrote")

@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity
 
 from ..layers.attention import GEMM_EVENT
+from ..measure.quiet_profiler import quiet_profile
 from .base import Phase, Technique, TrainState
 
 BACKENDS = {
@@ -125,7 +126,7 @@ def probe(state: TrainState) -> Iterator[None]:
     the recipe's backend fell back to math, and *no effect* where a backend was chosen for a
     model that never calls SDPA (a CNN)."""
     reasons = FallbackReasons(state.recipe.attention)
-    with profile(activities=[ProfilerActivity.CPU]) as prof, reasons:
+    with quiet_profile(activities=[ProfilerActivity.CPU]) as prof, reasons:
         yield
     seen = kernels_from_profile(prof)
     line, fell_back = verdict(state.recipe.attention, seen, reasons.reasons)

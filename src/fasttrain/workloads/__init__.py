@@ -48,12 +48,27 @@ def _factory(spec: str):
     mod_name, fn_name = target.split(":", 1)
     if not mod_name or not fn_name:
         raise FasttrainError(f"workload {spec!r}: give package.module:factory (both parts)")
+    if "/" in mod_name or os.sep in mod_name or mod_name.endswith(".py"):
+        dotted = mod_name.removesuffix(".py").strip("/").replace(os.sep, ".").replace("/", ".")
+        raise FasttrainError(f"workload {spec!r} is a file path: give a module path, e.g. "
+                             f"{dotted}:{fn_name}, from the folder that holds it")
     if spec not in REGISTRY:
         _importable_here()
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as err:
-        raise FasttrainError(f"workload {spec!r}: cannot import {mod_name!r} ({err})") from None
+        missing = getattr(err, "name", None)
+        hint = ("; run from the folder that holds it, or add that folder to PYTHONPATH"
+                if missing and mod_name.split(".")[0] == missing.split(".")[0] else "")
+        raise FasttrainError(f"workload {spec!r}: cannot import {mod_name!r} ({err}){hint}"
+                             ) from None
+    except Exception as err:  # a user's module that fails as it loads: a mistake of theirs
+        if spec in REGISTRY:
+            raise
+        where = f" ({err.filename}, line {err.lineno})" if isinstance(err, SyntaxError) else ""
+        raise FasttrainError(f"workload {spec!r}: importing {mod_name!r} raised "
+                             f"{type(err).__name__}: {getattr(err, 'msg', None) or err}{where}; "
+                             "fix the module") from None
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise FasttrainError(f"workload {spec!r}: {mod_name} has no callable {fn_name!r}")
@@ -68,6 +83,47 @@ def _importable_here() -> None:
         sys.path.insert(0, here)
 
 
+_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+
+
+def _expected(param: inspect.Parameter) -> tuple[str | None, bool]:
+    """The simple type a factory parameter asks for (``bool``, ``int``, ``float`` or None for
+    anything else), from its annotation or else its default; and whether it takes None."""
+    ann = param.annotation
+    text = ann if isinstance(ann, str) else getattr(ann, "__name__", None) if isinstance(
+        ann, type) else None if ann is inspect.Parameter.empty else str(ann)
+    if text is None and param.default not in (inspect.Parameter.empty, None):
+        text = type(param.default).__name__
+    parts = {t.strip() for t in (text or "").replace("Optional[", "").rstrip("]").split("|")}
+    takes_none = "None" in parts or param.default is None
+    kinds = parts - {"None"}
+    return (next(iter(kinds)) if len(kinds) == 1 and kinds <= {"bool", "int", "float"}
+            else None), takes_none
+
+
+def _coerce(spec: str, name: str, param: inspect.Parameter, value: Any) -> Any:
+    """An ``--opt`` value as the factory's parameter asks for it: ``false`` is False for a
+    ``bool`` (a non-empty string would be true), a number for an ``int``/``float``; anything
+    that does not fit is one line naming the option."""
+    kind, takes_none = _expected(param)
+    if kind is None or (value is None and takes_none):
+        return value
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE | _FALSE:
+            return text in _TRUE
+        raise FasttrainError(f"workload {spec!r}: option {name!r} is a switch, got {value!r}: "
+                             "give true or false")
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    wanted = ("an integer" if kind == "int" else "a number") + (" or None" if takes_none else "")
+    raise FasttrainError(f"workload {spec!r}: option {name!r} takes {wanted}, got {value!r}")
+
+
 def load_workload(spec: str, size: str = "tiny", seed: int = 0, data: str | None = None,
                   **options: Any) -> Workload:
     """Build the workload named ``spec`` (registry name or ``module:factory``)."""
@@ -79,6 +135,9 @@ def load_workload(spec: str, size: str = "tiny", seed: int = 0, data: str | None
     if unknown:
         raise FasttrainError(f"workload {spec!r} has no option {unknown[0]!r}")
     kwargs = {k: v for k, v in kwargs.items() if k in params or takes_all}
+    for k in options:
+        if k in params:
+            kwargs[k] = _coerce(spec, k, params[k], options[k])
     if spec in REGISTRY and size not in SIZES:
         raise FasttrainError(f"unknown size {size!r} for {spec!r}: use one of {', '.join(SIZES)}")
     try:

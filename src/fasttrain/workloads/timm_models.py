@@ -27,8 +27,14 @@ from .data import ImageFiles, classification_images, normalize_images
 def import_timm():
     try:
         import timm
+    except ModuleNotFoundError as err:
+        dep = (err.name or "timm").split(".")[0]
+        if dep != "timm":  # timm is there; what it imports is not (torchvision, typically)
+            raise ValueError(f"timm workloads need timm, which needs {dep} (not installed: "
+                             f"pip install {dep})") from None
+        raise ValueError("timm workloads need timm (not installed: pip install timm)") from None
     except ImportError as err:
-        raise ValueError(f"timm workloads need timm (pip install timm): {err}") from None
+        raise ValueError(f"timm workloads need timm, which failed to import: {err}") from None
     return timm
 
 
