@@ -362,3 +362,19 @@ def test_resume_compares_the_batch_and_lr_the_run_really_used(tmp_path, capsys):
                  str(wl.default_batch * 2)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"resume with --set batch={wl.default_batch}" in err, err
+
+
+def test_the_train_row_and_summary_say_what_was_resumed_and_saved(tmp_path, capsys):
+    from fasttrain.cli import main
+
+    ckpt, out = tmp_path / "c", tmp_path / "o"
+    common = ["train", "vit", "--size", "tiny", "--device", "cpu", "--warmup", "0", "--out",
+              str(out), "--save", str(ckpt), "--save-every", "1", "--keep", "2"]
+    assert main([*common, "--steps", "3"]) == 0
+    first = capsys.readouterr().out
+    assert main([*common, "--steps", "1", "--resume", str(ckpt), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["checkpoint"] == {"resumed_from": str(ckpt / "step-000003"),
+                                 "saved": str(ckpt / "step-000004"), "kept": 2,
+                                 "exported": None}
+    assert "checkpoint" in first and f"saved {ckpt / 'step-000003'}" in first.replace("\n", "")

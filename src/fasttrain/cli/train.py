@@ -27,6 +27,21 @@ def _resume_from(args) -> str | None:
     return str(found) if found else None
 
 
+def _checkpoint_record(args, resumed: Path | None) -> dict | None:
+    """The row's account of its checkpoints: the save it continued, the newest it wrote (with
+    how many step folders --save now keeps), the exported file."""
+    if not (args.save or resumed):
+        return None
+    from ..run.checkpoint import latest
+    from ..run.step_folders import step_folders
+
+    saved = latest(args.save) if args.save else None
+    return {"resumed_from": str(resumed) if resumed else None,
+            "saved": str(saved) if saved else None,
+            "kept": len(step_folders(Path(args.save))) if args.save else 0,
+            "exported": args.export or None}
+
+
 def cmd_train(args) -> int:
     from ..run.loop import train
     from ..workloads import load_workload
@@ -51,7 +66,10 @@ def cmd_train(args) -> int:
     options = _options(args.opt)
     wl = load_workload(args.workload, size, seed=recipe.seed, data=args.data, **options)
     from ..distributed.env import current
+    from ..run.checkpoint import resolve
     from ..run.saving import Stopped
+
+    resumed = resolve(resume) if resume else None  # before this run's saves join it
 
     try:
         res = train(wl, recipe, steps=args.steps, warmup=args.warmup, device=device,
@@ -73,7 +91,7 @@ def cmd_train(args) -> int:
     name = args.preset or (Path(args.recipe).stem if args.recipe else "default")
     row = make_row("train", args.workload, size, None, options=options, device=device,
                    recipe_name=name, recipe=recipe.to_dict(), **res.to_row(),
-                   env=environment(device))
+                   checkpoint=_checkpoint_record(args, resumed), env=environment(device))
     append_row(out, row)
     if args.tensorboard:
         from ..report.tensorboard import write_scalars

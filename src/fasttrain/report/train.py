@@ -44,6 +44,19 @@ def _loss(row: dict) -> str:
             f"included{note})")
 
 
+def _checkpoint(ck: dict) -> str:
+    """Where the run started from and what it left: 'resumed from A at step N; saved B'."""
+    parts = []
+    if ck.get("resumed_from"):
+        parts.append(f"resumed from {ck['resumed_from']}")
+    if ck.get("saved"):
+        parts.append(f"saved {ck['saved']}" + (f" (the newest of {ck['kept']} kept)"
+                                                if (ck.get("kept") or 0) > 1 else ""))
+    if ck.get("exported"):
+        parts.append(f"exported {ck['exported']}")
+    return "; ".join(parts) or "–"
+
+
 def _num(x: float | None) -> str:
     return "NaN/inf" if x is None else f"{x:.4g}"
 
@@ -72,6 +85,8 @@ def train_summary(row: dict, path: str | None = None, defaults: dict | None = No
         grid.add_row("compute", f"{tflops} TFLOP/s{mfu}")
     grid.add_row("peak memory", _memory(row))
     grid.add_row("loss", _loss(row))
+    if row.get("checkpoint"):
+        grid.add_row("checkpoint", _checkpoint(row["checkpoint"]))
     if row.get("applied") or row.get("no_effect"):
         grid.add_row("techniques", "what each did:")
     for name, what in (row.get("applied") or {}).items():
