@@ -83,6 +83,23 @@ def test_ladder_rows_only_show_the_ladder_charts(tmp_path):
         assert title in missing
 
 
+def test_ladders_of_two_workloads_get_a_panel_each_in_their_own_unit():
+    """img/s and tok/s never share an axis; CPU rows carry no speed-up on their bars."""
+    vit = [r for r in ROWS if r["kind"] in ("ladder", "peer")]
+    llama = [{**r, "workload": "llama", "size": "tiny", "throughput_unit": "tok/s",
+              "device": "cpu"} for r in vit if r["kind"] == "ladder"]
+    fig = plots.ladder_chart(vit + llama)
+    axes = fig.get_axes()
+    assert [ax.get_ylabel() for ax in axes] == [f"throughput ({vit[0]['throughput_unit']})",
+                                                "throughput (tok/s)"]
+    assert axes[0].get_title().startswith("vit base: ")
+    assert axes[1].get_title().startswith("llama tiny: ")
+    assert axes[0].get_legend() is not None and axes[1].get_legend() is None  # vit's peer only
+    cpu_notes = [t.get_text() for t in axes[1].texts]
+    assert cpu_notes and not any("×" in t for t in cpu_notes)
+    assert any("×" in t.get_text() for t in axes[0].texts)
+
+
 def test_header_and_table(tmp_path):
     page = _report(tmp_path)
     head = page[:page.index("<figure")]

@@ -11,6 +11,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from .table import on_cpu
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -96,20 +98,36 @@ def _peer_lines(ax, peers: list[dict], value: Callable[[dict], float | None], fm
         ax.legend(fontsize=8, loc="upper left")
 
 
+def _by_workload(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Rows grouped by (workload, size), in the order they first appear."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r.get("workload"), r.get("size")), []).append(r)
+    return groups
+
+
 def ladder_chart(rows: list[dict]) -> Figure | None:
-    """Throughput per ladder rung, parity (✓/✗) and speed-up on each bar, the peer as a line."""
-    ladder = _first([r for r in rows if r.get("kind") == "ladder"])
-    if not ladder:
+    """Throughput per ladder rung, parity (✓/✗) and speed-up on each bar (not for CPU timings),
+    the peer as a line; one panel per workload, each in its own unit."""
+    groups = _by_workload(_first([r for r in rows if r.get("kind") == "ladder"]))
+    if not groups:
         return None
     peers = _first([r for r in rows if r.get("kind") == "peer" and _measured(r)])
-    fig, (ax,) = _figure(max(7.0, 0.8 * len(ladder) + 3), 4.8)
-    notes = [f"{_mark((r.get('parity') or {}).get('passed'))}"
-             + (f" {r['speedup']:.2f}×" if r.get("speedup") else "") for r in ladder]
-    values = [r.get("throughput") if _measured(r) else None for r in ladder]
-    top = _bars(ax, ladder, values, notes, f"throughput ({ladder[0].get('throughput_unit', '')})")
-    ax.set_ylim(0, max([top] + [p["throughput"] for p in peers]) * 1.18)
-    _peer_lines(ax, peers, lambda p: p.get("throughput"), ",.0f")
-    ax.set_title("throughput per rung (✓/✗: loss parity with fp32; ×: speed-up)", fontsize=10)
+    widest = max(len(g) for g in groups.values())
+    fig, axes = _figure(max(7.0, 0.8 * widest + 3), 4.8 * len(groups), nrows=len(groups))
+    for ax, ((workload, size), ladder) in zip(axes, groups.items()):
+        mine = [p for p in peers if (p.get("workload"), p.get("size")) == (workload, size)]
+        notes = [f"{_mark((r.get('parity') or {}).get('passed'))}"
+                 + (f" {r['speedup']:.2f}×" if r.get("speedup") and not on_cpu(r) else "")
+                 for r in ladder]
+        values = [r.get("throughput") if _measured(r) else None for r in ladder]
+        top = _bars(ax, ladder, values, notes,
+                    f"throughput ({ladder[0].get('throughput_unit', '')})")
+        ax.set_ylim(0, max([top] + [p["throughput"] for p in mine]) * 1.18)
+        _peer_lines(ax, mine, lambda p: p.get("throughput"), ",.0f")
+        where = f"{workload} {size}: " if len(groups) > 1 else ""
+        ax.set_title(f"{where}throughput per rung (✓/✗: loss parity with fp32; ×: speed-up)",
+                     fontsize=10)
     return fig
 
 
