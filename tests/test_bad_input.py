@@ -593,7 +593,7 @@ def test_bad_infer_options(capsys, bad, extra, needle):
 
 
 @pytest.mark.parametrize("workload,needle", [
-    ("llama", "serves image classifiers; llama counts toks"),
+    ("llama", "serves image classifiers; llama is not one (it counts tokens; use timm:…, vit or swin)"),
     ("nosuch", "unknown workload 'nosuch'"),
 ])
 def test_infer_of_what_is_not_an_image_classifier(capsys, tmp_path, workload, needle):

@@ -43,8 +43,9 @@ def load_classifier(wl: Workload, checkpoint: str | None = None) -> Classifier:
     """The workload's model (its weights, or the model weights of a ``fasttrain train --save``
     folder) as a :class:`Classifier`, in eval mode, on the CPU in fp32."""
     if wl.unit != "img":
-        raise FasttrainError(f"fasttrain infer serves image classifiers; {wl.name} counts "
-                             f"{wl.unit}s (use timm:…, vit or swin)")
+        raise FasttrainError(f"fasttrain infer serves image classifiers; {wl.name} is not one "
+                             f"(it counts {'tokens' if wl.unit == 'tok' else wl.unit + 's'}; use "
+                             "timm:…, vit or swin)")
     torch.manual_seed(getattr(wl, "seed", 0))
     model = wl.build_model()
     if checkpoint is not None:

@@ -59,8 +59,9 @@ def check(spec: InferLadder) -> list[InferRung]:
     rungs = rungs_named(spec.rungs)
     wl = load_workload(spec.workload, spec.size, seed=0, data=spec.data, **spec.options)
     if wl.unit != "img":
-        raise FasttrainError(f"fasttrain infer serves image classifiers; {spec.workload} counts "
-                             f"{wl.unit}s (use timm:…, vit or swin)")
+        raise FasttrainError(f"fasttrain infer serves image classifiers; {spec.workload} is not one "
+                             f"(it counts {'tokens' if wl.unit == 'tok' else wl.unit + 's'}; use "
+                             "timm:…, vit or swin)")
     if spec.data is not None:  # a wrong data path is refused once, not by every rung
         load_dataset(wl)
     if spec.checkpoint is not None:
