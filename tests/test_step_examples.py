@@ -11,7 +11,7 @@ def test_own_loop_step_example():
     example = importlib.import_module("examples.step_own_loop")
     plain, _ = example.main(steps=4, use_step=False, device="cpu")
     stepped, report = example.main(steps=4, use_step=True, device="cpu")
-    assert "torch pre-norm block ×2; torch LayerNorm ×1" in report and "yours: AdamW" in report
+    assert "your pre-norm block ×2; torch LayerNorm ×1" in report and "yours: AdamW" in report
     assert stepped == pytest.approx(plain, rel=1e-5)
 
 

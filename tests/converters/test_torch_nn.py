@@ -518,8 +518,8 @@ def batches(name: str, n: int = 3):
 
 MODELS = {"gpt": TinyGPT, "vit": TinyViT, "encoder": TinyEncoder}
 EXPECTED = {
-    "gpt": {"torch pre-norm block": 2, "torch LayerNorm": 1, "torch Sequential Linear → GELU": 2},
-    "vit": {"torch pre-norm block": 2, "torch LayerNorm": 1, "torch Sequential Linear → GELU": 2,
+    "gpt": {"your pre-norm block": 2, "torch LayerNorm": 1, "torch Sequential Linear → GELU": 2},
+    "vit": {"your pre-norm block": 2, "torch LayerNorm": 1, "torch Sequential Linear → GELU": 2,
             "torch Conv2d patch projection": 1},
     "encoder": {"torch LayerNorm": 4, "torch MultiheadAttention": 2},
 }
@@ -644,7 +644,7 @@ def test_a_plain_vit_workload_with_convert_and_kernels_trains_as_without():
                     device="cpu")
         assert res.losses == pytest.approx(plain.losses, rel=1e-4)
         assert res.applied["convert"] == (
-            "torch Conv2d patch projection ×1; torch pre-norm block ×2; "
+            "torch Conv2d patch projection ×1; your pre-norm block ×2; "
             "torch Sequential Linear → GELU ×2; torch LayerNorm ×1")
         assert res.applied["kernels"].endswith(
             f"F.scaled_dot_product_attention: {traced} calls to the Triton self-attention kernel")

@@ -81,3 +81,14 @@ def test_inductor_switches_left_off_idle_under_their_own_names():
     torch._dynamo.reset()
     assert set(state.no_effect) == {"pdl", "combo_kernels", "autotune_reductions"}
     assert all("needs the inductor backend" in why for why in state.no_effect.values())
+
+
+def test_more_workers_than_cpus_are_capped_and_said(monkeypatch):
+    """workers=8 of a GPU recipe on a 2-core machine: 2 loader processes and a warning, not
+    torch's warning and eight processes fighting the training one."""
+    from fasttrain.techniques import dataloader
+
+    monkeypatch.setattr(dataloader, "_cpus", lambda: 2)
+    res = train(tiny_cnn_workload(), Recipe(workers=8), steps=1, warmup=0)
+    assert "dataloader: workers=8 on a machine of 2 CPUs; using 2" in res.warnings
+    assert res.applied["dataloader"].startswith("2 workers"), res.applied

@@ -11,17 +11,26 @@ import os
 from .base import Phase, Technique, TrainState
 
 
+def _cpus() -> int:
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count()) or 2
+
+
 def default_workers() -> int:
     """Enough loader processes to feed a GPU without starving the training process."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(12, (cpus or 2) - 2))
+    return max(1, min(12, _cpus() - 2))
 
 
 
 def apply(state: TrainState) -> str:
     r = state.recipe
-    kw = {"num_workers": r.workers, "pin_memory": r.pin_memory and state.cuda}
-    if r.workers > 0:
+    workers = r.workers
+    if workers > _cpus():  # more loader processes than CPUs only fight the training process
+        workers = _cpus()
+        state.warn("dataloader", f"workers={r.workers} on a machine of {workers} CPUs; using "
+                   f"{workers}")
+    kw = {"num_workers": workers, "pin_memory": r.pin_memory and state.cuda}
+    if workers > 0:
         kw.update(prefetch_factor=r.prefetch_factor, persistent_workers=True)
     if r.pin_memory and not state.cuda:
         state.warn("dataloader", "pin_memory needs CUDA; ignored")
@@ -36,15 +45,15 @@ def apply(state: TrainState) -> str:
     state.device_prefetch = r.device_prefetch and state.cuda
     if r.device_prefetch and not state.cuda:
         state.warn("dataloader", "device_prefetch needs CUDA; ignored")
-    if not r.workers and not state.cuda and (r.pin_memory or r.non_blocking or r.device_prefetch):
+    if not workers and not state.cuda and (r.pin_memory or r.non_blocking or r.device_prefetch):
         state.idle("dataloader", "no workers; pin_memory, non_blocking and device_prefetch act "
                    "on CUDA copies only: nothing changed")
-    parts = [f"{r.workers} workers" if r.workers else "loading in the main process"]
+    parts = [f"{workers} workers" if workers else "loading in the main process"]
     if kw["pin_memory"]:
         parts.append("pinned memory")
     if state.non_blocking:
         parts.append("non_blocking copies")
-    if r.workers:
+    if workers:
         parts.append(f"prefetch {r.prefetch_factor}")
     if state.device_prefetch:
         parts.append("next batch copied on a side stream" + (
