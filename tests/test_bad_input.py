@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 
 import pytest
@@ -55,6 +56,26 @@ def per_item_loss(size="tiny", seed=0, data=None):
 
 def tuple_items(size="tiny", seed=0, data=None):
     return _workload(tuples=True)
+
+
+class _Uneven(Dataset):
+    """Sequences of 5 to 7 values, their sums the targets."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        x = torch.arange(5 + i % 3, dtype=torch.float32) / 10
+        return {"x": x, "y": x.sum().reshape(1)}
+
+
+def _padded_sum(model, batch):
+    return ((model(batch["x"].sum(-1, keepdim=True)) - batch["y"]) ** 2).sum()
+
+
+def uneven_items(size="tiny", seed=0, data=None, pad: bool = False):
+    return SimpleWorkload(build=lambda: nn.Linear(1, 1), data=_Uneven(), loss_fn=_padded_sum,
+                          default_batch=4, pad_fields={"x": 0} if pad else {})
 
 
 def _one_line(capsys, argv, code, needle):
@@ -153,11 +174,18 @@ def test_factory_that_raises(capsys):
 @pytest.mark.parametrize("factory,needle", [
     ("per_item_loss", "must return a 0-dim tensor"),
     ("tuple_items", "items must be dicts of tensors"),
+    ("uneven_items", "field 'x' holds items of shapes (5,) and (6,): batches stack items of "
+                     "one shape; give items of one shape, or pad_fields={'x': PAD}"),
 ])
 def test_workload_contract(capsys, factory, needle):
     _one_line(capsys, ["train", f"tests.test_bad_input:{factory}", *FAST], 2, needle)
-    with pytest.raises(FasttrainError, match=needle):
+    with pytest.raises(FasttrainError, match=re.escape(needle)):
         train(globals()[factory](), Recipe(), steps=1, warmup=0, device="cpu")
+
+
+def test_pad_fields_pad_a_users_uneven_items():
+    res = train(uneven_items(pad=True), Recipe(), steps=2, warmup=0, device="cpu")
+    assert len(res.losses) == 2 and all(loss == loss for loss in res.losses)  # not NaN
 
 
 # 8: values argparse accepts but no run can use

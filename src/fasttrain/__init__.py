@@ -29,3 +29,7 @@ def __getattr__(name: str):
         mod, attr = _LAZY[name]
         return getattr(importlib.import_module(mod), attr)
     raise AttributeError(name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

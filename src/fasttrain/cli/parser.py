@@ -182,7 +182,10 @@ def _listing_parsers(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = _Parser(prog="fasttrain", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"fasttrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _ladder_parser(sub)
     _train_parser(sub)

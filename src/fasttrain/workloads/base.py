@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
+from ..errors import FasttrainError
+
 Batch = dict[str, torch.Tensor]
 
 SIZES = ("tiny", "base", "large")
@@ -70,7 +72,12 @@ class Workload:
             from .data import pad_collate
 
             return pad_collate(items, dict(self.pad_fields))
-        return default_collate(items)
+        try:
+            return default_collate(items)
+        except RuntimeError as err:
+            if "stack expects each tensor to be equal size" not in str(err):
+                raise
+            raise FasttrainError(uneven(items)) from None
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """Summed loss over the items of ``batch`` (a 0-dim tensor)."""
@@ -118,6 +125,21 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return found
 
 
+def uneven(items: list) -> str:
+    """What a batch of items of different shapes is told: the field, two of its shapes, and
+    the way out."""
+    fields = items[0].keys() if isinstance(items[0], Mapping) else None
+    for key in fields or ():
+        shapes = sorted({tuple(torch.as_tensor(it[key]).shape) for it in items})
+        if len(shapes) > 1:
+            return (f"the data set's field {key!r} holds items of shapes {shapes[0]} and "
+                    f"{shapes[1]}: batches stack items of one shape; give items of one shape, "
+                    f"or pad_fields={{{key!r}: PAD}} in the SimpleWorkload (1-D fields padded on "
+                    "the right to the batch's longest)")
+    return ("the data set's items differ in shape: batches stack items of one shape; give "
+            "items of one shape (dicts of tensors), or pad_fields in the SimpleWorkload")
+
+
 @dataclass
 class SimpleWorkload(Workload):
     """A user's own model as a workload, without subclassing.
@@ -139,6 +161,7 @@ class SimpleWorkload(Workload):
     size: str = "custom"
     count_field: str | None = None
     ignore_index: int | None = None
+    pad_fields: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.unit = canonical_unit(self.unit)
