@@ -357,3 +357,14 @@ def test_a_block_around_multihead_attention_is_refused_with_its_reason():
     assert lines and all("branch 'attn' (MultiheadAttention) needs 3 inputs" in ln
                          for ln in lines), report.skipped_lines()
     torch.testing.assert_close(model(x), want)
+
+
+def test_a_steps_printout_carries_the_refusal():
+    """print(step) shows the warnings of its conversion, not only step.report()."""
+    import fasttrain
+
+    model = nn.Sequential(MhaBlock())
+    x = torch.randn(2, 5, WIDTH)
+    step = fasttrain.Step(model, {"lr": 1e-3}, lambda m, b: m(b).square().mean(), x)
+    assert any("needs 3 inputs" in w for w in step.report()["warnings"])
+    assert "warning: " in repr(step) and "needs 3 inputs" in repr(step)

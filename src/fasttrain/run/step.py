@@ -301,6 +301,8 @@ class Step:
         lines = [f"fasttrain.Step on {self.device} ({self.steps} steps)"]
         lines += [f"  {k}: {v}" for k, v in self.state.applied.items()]
         lines += [f"  no effect: {k}: {v}" for k, v in self.state.no_effect.items()]
+        idle = {f"{k}: {v}" for k, v in self.state.no_effect.items()}
+        lines += [f"  warning: {w}" for w in self.state.warnings if w not in idle]
         lines += [f"  note: {n}" for n in self._notes + ([self.fallback] if self.fallback else [])]
         return "\n".join(lines)
 
