@@ -48,6 +48,7 @@ def test_data_wait_rule_on_a_data_bound_workload_and_not_on_a_clean_one():
     slow = run_profile(slow_data_workload(), Recipe(), "cpu", steps=3, warmup=1, active=1)
     data = [f for f in slow["findings"] if f["rule"] == "data_wait"]
     assert data and data[0]["switch"]["workers"] >= 1 and "data wait" in data[0]["evidence"]
+    assert "pin_memory" not in data[0]["switch"]  # a CUDA copies' switch: not on a CPU
     # token windows from a memmap cost far less than a step of the model
     clean = run_profile(load_workload("llama", "tiny"), Recipe(), "cpu", steps=3, warmup=1,
                         active=1)

@@ -37,9 +37,9 @@ def data_wait(p: dict, r: Recipe) -> Finding | None:
     share = _share(p, "data")
     if share < 0.05:
         return None
-    sw = {"workers": max(r.workers, default_workers()), "pin_memory": True, "non_blocking": True}
-    if p["device"] == "cuda":
-        sw["device_prefetch"] = True
+    sw = {"workers": max(r.workers, default_workers())}
+    if p["device"] == "cuda":  # pinned memory and the copies' switches act on CUDA copies only
+        sw.update(pin_memory=True, non_blocking=True, device_prefetch=True)
     return Finding("data_wait", f"data wait {share:.0%} of the step "
                    f"({p['phases_s']['data'] * 1e3:.1f} ms, {r.workers} loader workers)", sw, share)
 
