@@ -4,6 +4,7 @@
 a ``fasttrain train --save`` checkpoint, the table (report/inference.py), the labelled pattern
 images, and ``fasttrain infer`` end to end with ``--export`` (marked slow)."""
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -419,3 +420,25 @@ def test_infer_end_to_end_with_export(capsys, tmp_path):
     assert "inference · vit tiny · cpu" in cap.out  # the table
     assert "peer-compile: skipped: needs a CUDA GPU" in cap.out
     assert f"rows: {rows_file}" in cap.out
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("import faulthandler, os, signal\nfaulthandler.enable()\nos.kill(os.getpid(), "
+     "signal.SIGSEGV)\n",
+     "did not run on its own: its process died of SIGSEGV (Fatal Python error: Segmentation "
+     "fault)"),
+    ("import sys\nprint('first', file=sys.stderr)\nraise SystemExit('the last line')\n",
+     "did not run on its own: the last line"),
+])
+def test_a_package_whose_check_process_fails_is_named_by_how(tmp_path, monkeypatch, body,
+                                                             needle):
+    """A crash in the package's native code (a signal) says which signal and faulthandler's
+    line; an error exit gives its last line."""
+    from fasttrain.errors import FasttrainError
+    from fasttrain.inference import export
+
+    script = tmp_path / "check.py"
+    script.write_text(body)
+    monkeypatch.setattr(export, "CHECK_SCRIPT", script)
+    with pytest.raises(FasttrainError, match=re.escape(needle)):
+        export.check_package(tmp_path / "p.pt2", tmp_path, 1, 1, 0, "cpu", 60)

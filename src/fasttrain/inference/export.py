@@ -11,6 +11,7 @@ any rung. The file appears only when all of that passed (written beside, then re
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import asdict
@@ -62,9 +63,14 @@ def check_package(package: Path, workdir: Path, batch: int, iters: int, warmup: 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
-        tail = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()][-1:]
+        lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        fatal = next((ln for ln in lines if ln.startswith("Fatal Python error")), None)
+        if proc.returncode < 0:  # killed by a signal: say which, and where faulthandler saw it
+            what = f"its process died of {signal.Signals(-proc.returncode).name}"
+            raise FasttrainError(f"the exported package did not run on its own: {what}"
+                                 + (f" ({fatal[:160]})" if fatal else ""))
         raise FasttrainError(f"the exported package did not run on its own: "
-                             f"{tail[0][:200] if tail else proc.returncode}")
+                             f"{(fatal or (lines[-1] if lines else str(proc.returncode)))[:200]}")
     return torch.load(out, weights_only=True)
 
 

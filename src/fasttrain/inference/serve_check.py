@@ -5,6 +5,7 @@ that nothing of fasttrain is imported: it loads the AOTInductor package, runs ev
 image through it (``BATCH`` at a time), times batch-1 latency and throughput the way the
 inference ladder does, and saves the logits and the timings for the caller to check.
 """
+import faulthandler
 import os
 import statistics
 import sys
@@ -20,6 +21,10 @@ def _sync(device):
 
 def main(package, images_file, out_file, batch, iters, warmup, device):
     batch, iters, warmup, device = int(batch), int(iters), int(warmup), torch.device(device)
+    faulthandler.enable()  # a crash inside the package's native code leaves its stack on stderr
+    if device.type == "cuda":  # the CUDA context up before the package's runner is made
+        torch.cuda.set_device(device)
+        torch.zeros(1, device=device)
     run = torch._inductor.aoti_load_package(package)
     images = torch.load(images_file, weights_only=True)["images"]
     assert not any(m == "fasttrain" or m.startswith("fasttrain.") for m in sys.modules), \
