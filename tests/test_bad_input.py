@@ -183,6 +183,14 @@ def test_workload_contract(capsys, factory, needle):
         train(globals()[factory](), Recipe(), steps=1, warmup=0, device="cpu")
 
 
+def test_uneven_items_are_named_past_a_field_that_is_not_a_tensor():
+    from fasttrain.workloads.base import uneven
+
+    items = [{"path": "a.jpg", "ids": torch.zeros(3)}, {"path": "b.jpg", "ids": torch.zeros(4)}]
+    assert uneven(items).startswith("the data set's field 'ids' holds items of shapes (3,) and "
+                                    "(4,)")
+
+
 def test_pad_fields_pad_a_users_uneven_items():
     res = train(uneven_items(pad=True), Recipe(), steps=2, warmup=0, device="cpu")
     assert len(res.losses) == 2 and all(loss == loss for loss in res.losses)  # not NaN
@@ -654,3 +662,28 @@ def test_a_switch_option_given_as_text_is_that_truth_value(text, value):
     from fasttrain.workloads import load_workload
 
     assert load_workload("llama", "tiny", **_options([f"varlen={text}"])).varlen is value
+
+
+def test_options_of_a_factory_without_annotations_take_their_defaults_types():
+    """``def make(..., flag=False)``: --opt flag=false is False; typing's Optional too."""
+    import inspect
+    from typing import Optional
+
+    from fasttrain.workloads import _coerce
+
+    def make(size="tiny", flag=False, rate=0.5, n: Optional[int] = 3, on: Optional[bool] = None,
+             name="x"):
+        ...
+
+    ps = inspect.signature(make).parameters
+    assert _coerce("w", "flag", ps["flag"], "false") is False
+    assert _coerce("w", "rate", ps["rate"], 1) == 1.0
+    assert _coerce("w", "n", ps["n"], None) is None and _coerce("w", "on", ps["on"], "yes") is True
+    assert _coerce("w", "name", ps["name"], "false") == "false"  # a string stays one
+    with pytest.raises(FasttrainError, match="option 'flag' is a switch, got 'maybe'"):
+        _coerce("w", "flag", ps["flag"], "maybe")
+
+
+def test_options_before_the_command_are_the_top_levels_mistake(capsys):
+    _one_line(capsys, ["--steps=5", "train", "vit", *FAST], 2,
+              "unrecognized arguments: --steps=5 (see fasttrain --help)")

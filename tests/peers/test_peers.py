@@ -176,3 +176,20 @@ def test_a_ladder_with_a_peer_that_cannot_run_is_refused_before_its_rungs(monkey
     assert err == ("fasttrain: error: --peer: the peer needs transformers (not installed); "
                    "install it, or run without --peer")
     assert not list(tmp_path.iterdir())  # no rung ran, no rows file left
+
+
+def test_a_peer_package_that_breaks_as_it_imports_is_named_not_raised(monkeypatch):
+    import importlib
+
+    from fasttrain.peers import unavailable
+
+    real = importlib.import_module
+
+    def broken(name, package=None):
+        if name == "transformers":
+            raise RuntimeError("operator torchvision::nms does not exist")
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    assert unavailable("llama") == ("peer cannot import transformers (RuntimeError: operator "
+                                    "torchvision::nms does not exist)")

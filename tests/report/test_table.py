@@ -168,3 +168,12 @@ def test_a_warning_repeated_by_later_rungs_keeps_its_first_number():
     refs, texts = numbered_warnings(rows)
     assert texts == ["dataloader: pin_memory needs CUDA; ignored", "compile: 2 breaks"]
     assert refs == [[1], [1, 2]]
+
+
+def test_a_cpu_fast_preset_line_has_no_ratio_and_no_steadiness():
+    from fasttrain.report.table import fast_summary
+
+    fast = {"kind": "fast", "rung": "bf16", "throughput": 100.0, "throughput_unit": "img/s",
+            "vs_peer": 1.3, "vs_peer_steady": False, "recipe_file": "f.toml", "device": "cpu"}
+    assert fast_summary([fast]) == "fast preset: 'bf16' at 100.0 img/s → f.toml"
+    assert "1.30x the peer (not steady)" in fast_summary([{**fast, "device": "cuda"}])

@@ -69,6 +69,8 @@ def _main(argv: list[str]) -> int:
         args, extra = build_parser().parse_known_args(argv)
         if extra:  # argparse's top level would name no command and point at the top --help
             command = getattr(args, "command", None)
+            if command in argv and extra[0] in argv and argv.index(extra[0]) < argv.index(command):
+                command = None  # given before the command: the top level's mistake
             where = f"fasttrain {command}" if command else "fasttrain"
             raise _Usage(f"{command + ': ' if command else ''}unrecognized arguments: "
                          f"{' '.join(extra)} (see {where} --help)")

@@ -66,7 +66,10 @@ def check_package(package: Path, workdir: Path, batch: int, iters: int, warmup: 
         lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
         fatal = next((ln for ln in lines if ln.startswith("Fatal Python error")), None)
         if proc.returncode < 0:  # killed by a signal: say which, and where faulthandler saw it
-            what = f"its process died of {signal.Signals(-proc.returncode).name}"
+            try:
+                what = f"its process died of {signal.Signals(-proc.returncode).name}"
+            except ValueError:  # a real-time signal has no name
+                what = f"its process died of signal {-proc.returncode}"
             raise FasttrainError(f"the exported package did not run on its own: {what}"
                                  + (f" ({fatal[:160]})" if fatal else ""))
         raise FasttrainError(f"the exported package did not run on its own: "

@@ -23,7 +23,6 @@ def main(package, images_file, out_file, batch, iters, warmup, device):
     batch, iters, warmup, device = int(batch), int(iters), int(warmup), torch.device(device)
     faulthandler.enable()  # a crash inside the package's native code leaves its stack on stderr
     if device.type == "cuda":  # the CUDA context up before the package's runner is made
-        torch.cuda.set_device(device)
         torch.zeros(1, device=device)
     run = torch._inductor.aoti_load_package(package)
     images = torch.load(images_file, weights_only=True)["images"]

@@ -35,11 +35,17 @@ def _native_stderr_filtered() -> Iterator[None]:
     """Descriptor 2 into a temporary file for the block; then what it caught, less Kineto's
     own lines, to stderr. Where descriptor 2 cannot be duplicated, nothing is redirected."""
     try:
-        saved = os.dup(2)
-    except OSError:
+        caught = tempfile.TemporaryFile()
+    except OSError:  # no temporary folder to write to: the lines go out as they are
         yield
         return
-    with tempfile.TemporaryFile() as caught:
+    try:
+        saved = os.dup(2)
+    except OSError:
+        caught.close()
+        yield
+        return
+    with caught:
         sys.stderr.flush()
         os.dup2(caught.fileno(), 2)
         try:

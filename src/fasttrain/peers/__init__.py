@@ -57,6 +57,10 @@ def unavailable(workload: str) -> str | None:
             require(module, "liger-kernel" if module.startswith("liger") else None)
         except PeerUnavailable as err:
             return str(err)
+        except Exception as err:  # installed but broken (timm against another torchvision)
+            from ..errors import describe_error
+
+            return f"peer cannot import {module} ({describe_error(err, 160)})"
     return None
 
 

@@ -40,6 +40,8 @@ def data_wait(p: dict, r: Recipe) -> Finding | None:
     sw = {"workers": max(r.workers, default_workers())}
     if p["device"] == "cuda":  # pinned memory and the copies' switches act on CUDA copies only
         sw.update(pin_memory=True, non_blocking=True, device_prefetch=True)
+    if all(getattr(r, k) == v for k, v in sw.items()):
+        sw = {}  # the recipe has all of it already: the finding stands, with no switch to offer
     return Finding("data_wait", f"data wait {share:.0%} of the step "
                    f"({p['phases_s']['data'] * 1e3:.1f} ms, {r.workers} loader workers)", sw, share)
 

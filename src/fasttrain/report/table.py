@@ -177,7 +177,7 @@ def fast_summary(rows: list[dict]) -> str | None:
     if not fast:
         return None
     peer = f", {fast['vs_peer']:.2f}x the peer" if fast.get("vs_peer") and not on_cpu(fast) else ""
-    if fast.get("vs_peer") and fast.get("vs_peer_steady") is False:
+    if peer and fast.get("vs_peer_steady") is False:
         peer += " (not steady)"
     return (f"fast preset: '{fast['rung']}' at {fast['throughput']:,.1f} "
             f"{fast['throughput_unit']}{peer} → {fast['recipe_file']}")

@@ -63,8 +63,8 @@ def _factory(spec: str):
         raise FasttrainError(f"workload {spec!r}: cannot import {mod_name!r} ({err}){hint}"
                              ) from None
     except Exception as err:  # a user's module that fails as it loads: a mistake of theirs
-        if spec in REGISTRY:
-            raise
+        if spec in REGISTRY or mod_name.startswith("fasttrain."):
+            raise  # fasttrain's own module: a bug of ours keeps its traceback
         where = f" ({err.filename}, line {err.lineno})" if isinstance(err, SyntaxError) else ""
         raise FasttrainError(f"workload {spec!r}: importing {mod_name!r} raised "
                              f"{type(err).__name__}: {getattr(err, 'msg', None) or err}{where}; "
@@ -89,14 +89,23 @@ _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 def _expected(param: inspect.Parameter) -> tuple[str | None, bool]:
     """The simple type a factory parameter asks for (``bool``, ``int``, ``float`` or None for
     anything else), from its annotation or else its default; and whether it takes None."""
-    ann = param.annotation
-    text = ann if isinstance(ann, str) else getattr(ann, "__name__", None) if isinstance(
-        ann, type) else None if ann is inspect.Parameter.empty else str(ann)
-    if text is None and param.default not in (inspect.Parameter.empty, None):
-        text = type(param.default).__name__
-    parts = {t.strip() for t in (text or "").replace("Optional[", "").rstrip("]").split("|")}
-    takes_none = "None" in parts or param.default is None
-    kinds = parts - {"None"}
+    ann, empty = param.annotation, inspect.Parameter.empty
+    if ann is empty:  # no annotation: the default's type says it
+        default = param.default
+        text = None if default is empty or default is None else type(default).__name__
+    elif isinstance(ann, str):
+        text = ann
+    elif isinstance(ann, type):
+        text = ann.__name__
+    else:  # typing objects: Optional[bool], int | None
+        text = str(ann)
+    text = (text or "").replace("typing.", "").replace(" ", "")
+    optional = text.startswith("Optional[") and text.endswith("]")
+    if optional:
+        text = text[len("Optional["):-1]
+    parts = set(text.split("|")) if text else set()
+    takes_none = optional or "None" in parts or param.default is None
+    kinds = parts - {"None", "NoneType"}
     return (next(iter(kinds)) if len(kinds) == 1 and kinds <= {"bool", "int", "float"}
             else None), takes_none
 

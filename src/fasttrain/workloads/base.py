@@ -130,7 +130,9 @@ def uneven(items: list) -> str:
     the way out."""
     fields = items[0].keys() if isinstance(items[0], Mapping) else None
     for key in fields or ():
-        shapes = sorted({tuple(torch.as_tensor(it[key]).shape) for it in items})
+        if not all(isinstance(it.get(key), torch.Tensor) for it in items):
+            continue
+        shapes = sorted({tuple(it[key].shape) for it in items})
         if len(shapes) > 1:
             return (f"the data set's field {key!r} holds items of shapes {shapes[0]} and "
                     f"{shapes[1]}: batches stack items of one shape; give items of one shape, "
