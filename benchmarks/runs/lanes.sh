@@ -27,6 +27,13 @@ finish_lanes() {
   for g in 0 1 2 3 4 5 6 7; do [ -f /tmp/lane$g.log ] && grep -v '^USDT' /tmp/lane$g.log; done \
     > "$OUT/lanes.log"
 }
+# What a two-GPU script prints at its end: the lanes' commands, tables, rows files, errors,
+# ratio lines and test counts from $OUT/lanes.log (Kineto's lines are already out), plus the
+# lines that the extra grep pattern $1 (alternatives joined by \|) matches.
+show_lanes() {
+  grep "^== \|^│\|rows:\|rror\|best fasttrain\|warning: the ratio\|passed\|failed${1:+\|$1}" \
+    "$OUT/lanes.log" | tail -c 9000
+}
 # Shared by the single-GPU A/B scripts: their `fasttrain train` command, and the gpu-marked tests
 # that a pytest -k expression in GPU_TESTS selects, appended to the caller's cmds when set.
 TRAIN_CMD="python3 -m fasttrain train --size base --steps 30 --warmup 5"

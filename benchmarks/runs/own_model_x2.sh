@@ -28,4 +28,4 @@ done
 lane 0 0-15 "${first[@]}"
 lane 1 16-31 "${second[@]}"
 finish_lanes
-grep -v '^USDT' "$OUT/lanes.log" | grep '^== \|^│\|rows:\|rror\|best fasttrain\|warning: the ratio\|passed\|failed\|^plain\|^step\|x the plain' | tail -c 9000
+show_lanes '^plain\|^step\|x the plain'

@@ -19,4 +19,4 @@ done
 lane 0 0-15 "${first[@]}"
 lane 1 16-31 "$ladder --rungs none --peer --out $OUT/ratio"
 finish_lanes
-grep -v '^USDT' "$OUT/lanes.log" | grep '^== \|^│\|rows:\|rror\|best fasttrain\|warning: the ratio\|passed\|failed' | tail -c 9000
+show_lanes

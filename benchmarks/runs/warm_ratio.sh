@@ -24,4 +24,4 @@ case $MODE in
   *) echo "MODE=$MODE: use prime or confirm"; exit 2 ;;
 esac
 finish_lanes
-grep -v '^USDT' "$OUT/lanes.log" | grep '^== \|^│\|rows:\|rror\|best fasttrain\|warning: the ratio\|confirm' | tail -c 9000
+show_lanes confirm

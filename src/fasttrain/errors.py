@@ -76,6 +76,13 @@ def _free(path: str) -> int | None:
         return None
 
 
+def missing_dependency(package: str, err: ModuleNotFoundError) -> str | None:
+    """The top-level module that ``package`` failed to import because it is not installed,
+    where that is not ``package`` itself (timm installed, torchvision not); else None."""
+    dep = (err.name or "").split(".")[0]
+    return dep if dep and dep != package.split(".")[0] else None
+
+
 def describe_error(err: BaseException, width: int = 300) -> str:
     """``Type: first line`` of an exception, plus the first exception of its chain when that is a
     different one: a CUDA graph capture reports "operation failed due to a previous error during

@@ -73,7 +73,8 @@ def cmd_train(args) -> int:
 
     try:
         res = train(wl, recipe, steps=args.steps, warmup=args.warmup, device=device,
-                    save_to=args.save, resume_from=resume, save_every=args.save_every,
+                    save_to=args.save, resume_from=str(resumed) if resumed else None,
+                    save_every=args.save_every,
                     keep=args.keep)
     except Stopped as stop:  # SIGINT/SIGTERM: saved after the step under way
         if current().main:

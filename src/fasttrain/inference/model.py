@@ -39,13 +39,18 @@ class Classifier(nn.Module):
         return self.model.head(self.model.features(images))
 
 
+def require_classifier(wl: Workload, name: str) -> None:
+    """``fasttrain infer`` serves image classifiers: a workload of another unit is refused."""
+    if wl.unit != "img":
+        raise FasttrainError(f"fasttrain infer serves image classifiers; {name} is not one "
+                             f"(it counts {'tokens' if wl.unit == 'tok' else wl.unit + 's'}; use "
+                             "timm:…, vit or swin)")
+
+
 def load_classifier(wl: Workload, checkpoint: str | None = None) -> Classifier:
     """The workload's model (its weights, or the model weights of a ``fasttrain train --save``
     folder) as a :class:`Classifier`, in eval mode, on the CPU in fp32."""
-    if wl.unit != "img":
-        raise FasttrainError(f"fasttrain infer serves image classifiers; {wl.name} is not one "
-                             f"(it counts {'tokens' if wl.unit == 'tok' else wl.unit + 's'}; use "
-                             "timm:…, vit or swin)")
+    require_classifier(wl, wl.name)
     torch.manual_seed(getattr(wl, "seed", 0))
     model = wl.build_model()
     if checkpoint is not None:

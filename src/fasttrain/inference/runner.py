@@ -19,6 +19,7 @@ from ..measure.rows import append_row
 from ..run.child import ChildSpec, run_in_child
 from ..run.loop import load_dataset
 from ..workloads import load_workload
+from .model import require_classifier
 from .spec import PEERS, REFERENCE, InferRung, InferSpec, rungs_named
 
 PEER = "peer-compile"
@@ -58,10 +59,7 @@ def check(spec: InferLadder) -> list[InferRung]:
         raise FasttrainError(f"--warmup must be 0 or more, not {spec.warmup}")
     rungs = rungs_named(spec.rungs)
     wl = load_workload(spec.workload, spec.size, seed=0, data=spec.data, **spec.options)
-    if wl.unit != "img":
-        raise FasttrainError(f"fasttrain infer serves image classifiers; {spec.workload} is not one "
-                             f"(it counts {'tokens' if wl.unit == 'tok' else wl.unit + 's'}; use "
-                             "timm:…, vit or swin)")
+    require_classifier(wl, spec.workload)
     if spec.data is not None:  # a wrong data path is refused once, not by every rung
         load_dataset(wl)
     if spec.checkpoint is not None:

@@ -37,10 +37,14 @@ def peer_entry(workload: str) -> tuple[str, str, str] | None:
     return PEERS.get(workload)
 
 
-# peer module → the packages it imports (checked before a ladder starts)
-PACKAGES: dict[str, tuple[str, ...]] = {"timm_peers": ("timm",),
-                                        "diffusers_peer": ("diffusers", "transformers"),
-                                        "hf_llama_peer": ("transformers",)}
+# peer module, or a peer workload that needs more than its module, → (module, package) pairs
+# it imports; checked before a ladder starts
+PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
+    "timm_peers": (("timm", "timm"),),
+    "diffusers_peer": (("diffusers", "diffusers"), ("transformers", "transformers")),
+    "hf_llama_peer": (("transformers", "transformers"),),
+    "llama-liger": (("liger_kernel.transformers", "liger-kernel"),),
+}
 
 
 def unavailable(workload: str) -> str | None:
@@ -49,12 +53,10 @@ def unavailable(workload: str) -> str | None:
     from .loop import PeerUnavailable, require
 
     entry = peer_entry(workload)
-    needs = PACKAGES.get(entry[0], ()) if entry else ()
-    if workload == "llama-liger":
-        needs += ("liger_kernel.transformers",)
-    for module in needs:
+    needs = (PACKAGES.get(entry[0], ()) if entry else ()) + PACKAGES.get(workload, ())
+    for module, package in needs:
         try:
-            require(module, "liger-kernel" if module.startswith("liger") else None)
+            require(module, package)
         except PeerUnavailable as err:
             return str(err)
         except Exception as err:  # installed but broken (timm against another torchvision)

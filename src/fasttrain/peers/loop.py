@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..errors import missing_dependency
 from ..measure.steadiness import spread
 
 LR, WEIGHT_DECAY = 1e-4, 1e-2  # HF text-to-image defaults; speed does not depend on them
@@ -33,12 +34,11 @@ def require(module: str, package: str | None = None):
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
-        if err.name and err.name.split(".")[0] == module.split(".")[0]:
-            raise PeerUnavailable(f"peer needs {package} (not installed)") from None
-        if err.name:  # installed, but something it imports is not (timm without torchvision)
-            dep = err.name.split(".")[0]
+        if dep := missing_dependency(module, err):  # installed, what it imports is not
             raise PeerUnavailable(f"peer needs {package}, which needs {dep} (not installed: "
                                   f"pip install {dep})") from None
+        if err.name:
+            raise PeerUnavailable(f"peer needs {package} (not installed)") from None
         raise PeerUnavailable(f"peer needs {package} (import failed: {err})") from None
     except ImportError as err:
         raise PeerUnavailable(f"peer needs {package} (import failed: {err})") from None

@@ -276,11 +276,9 @@ _LAYOUTS = {"dcp": "the optimizer's own (DCP's state dict)",
 def _effective(recipe: dict, state: TrainState) -> dict:
     """A recipe's record with the values the run really used where it left them to the
     workload (batch 0: the workload's batch; lr 0: its reference lr)."""
-    out = dict(recipe)
-    if not out.get("batch"):
-        out["batch"] = state.workload.default_batch
-    if "lr" in out and not out["lr"]:
-        out["lr"] = state.workload.reference_lr
+    out = {**recipe, "batch": state.workload.batch_of(recipe.get("batch", 0))}
+    if "lr" in out:
+        out["lr"] = state.workload.lr_of(out["lr"])
     return out
 
 

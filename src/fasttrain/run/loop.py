@@ -268,7 +268,7 @@ def prepare(workload: Workload, recipe: Recipe, device: torch.device, total_step
     # Before any collective (DDP's constructor syncs shapes): a rank that never got here is
     # named, instead of a generic collective timeout.
     dist_env.barrier("model built", recipe.dist_timeout)
-    batch = recipe.batch or workload.default_batch
+    batch = workload.batch_of(recipe.batch)
     world = dist_env.current().world
     if batch % (recipe.accumulation * world):
         raise FasttrainError(f"batch {batch} is not divisible by accumulation "

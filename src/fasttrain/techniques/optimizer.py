@@ -241,7 +241,7 @@ def apply(state: TrainState) -> str:
     params = [p for p in state.trainable.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the trainable module has no parameters that require grad")
-    lr = r.lr or state.workload.reference_lr
+    lr = state.workload.lr_of(r.lr)
     n = sum(p.numel() for p in params)
     what = f"{r.optimizer} {r.optimizer_impl}, lr {lr:g} ({r.schedule})"
     if r.master_weights and r.mixed:

@@ -139,14 +139,12 @@ def load_workload(spec: str, size: str = "tiny", seed: int = 0, data: str | None
     fn = _factory(spec)
     params = inspect.signature(fn).parameters
     takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    kwargs = {"size": size, "seed": seed, "data": data, **options}
     unknown = [k for k in options if k not in params and not takes_all]
     if unknown:
         raise FasttrainError(f"workload {spec!r} has no option {unknown[0]!r}")
-    kwargs = {k: v for k, v in kwargs.items() if k in params or takes_all}
-    for k in options:
-        if k in params:
-            kwargs[k] = _coerce(spec, k, params[k], options[k])
+    options = {k: _coerce(spec, k, params[k], v) if k in params else v for k, v in options.items()}
+    kwargs = {k: v for k, v in {"size": size, "seed": seed, "data": data, **options}.items()
+              if k in params or takes_all}
     if spec in REGISTRY and size not in SIZES:
         raise FasttrainError(f"unknown size {size!r} for {spec!r}: use one of {', '.join(SIZES)}")
     try:

@@ -100,6 +100,14 @@ class Workload:
             return field_.numel()
         return (field_ != self.ignore_index).sum()
 
+    def batch_of(self, batch: int) -> int:
+        """The global batch a recipe's ``batch`` means (0: this workload's own)."""
+        return batch or self.default_batch
+
+    def lr_of(self, lr: float) -> float:
+        """The learning rate a recipe's ``lr`` means (0: this workload's reference rate)."""
+        return lr or self.reference_lr
+
     def trainable(self, model: nn.Module) -> nn.Module:
         """The module the optimizer, grad clipping and EMA see (SD: the UNet only)."""
         return model

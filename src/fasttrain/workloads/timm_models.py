@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import missing_dependency
 from ..peers.timm_peers import BATCH_BY_NAME, family, model_kwargs
 from .base import Workload
 from .weights import check_weights, load_weights
@@ -28,8 +29,7 @@ def import_timm():
     try:
         import timm
     except ModuleNotFoundError as err:
-        dep = (err.name or "timm").split(".")[0]
-        if dep != "timm":  # timm is there; what it imports is not (torchvision, typically)
+        if dep := missing_dependency("timm", err):  # torchvision, typically
             raise ValueError(f"timm workloads need timm, which needs {dep} (not installed: "
                              f"pip install {dep})") from None
         raise ValueError("timm workloads need timm (not installed: pip install timm)") from None
