@@ -119,6 +119,6 @@ def test_a_ratio_measured_once_each_side(tmp_path, monkeypatch, capsys):
 
 def test_an_own_model_row_of_two_kinds_of_gpu_is_one_line(tmp_path, monkeypatch, capsys):
     """A ladder and a Step file measured on different GPUs are not paired in one row."""
-    err = _refused_spec(tmp_path, monkeypatch, capsys, "step-vs-loop-vit-base-20261127-0405.jsonl",
-                        "step-vs-loop-vit-base-20261126-1700.jsonl")
+    err = _refused_spec(tmp_path, monkeypatch, capsys, "step-vs-loop-vit-base-20261127-0900-h100.jsonl",
+                        "step-vs-loop-vit-base-20261127-0405.jsonl")
     assert "H100, H200" in err and "one kind a row" in err
