@@ -429,11 +429,14 @@ def test_infer_end_to_end_with_export(capsys, tmp_path):
      "fault)"),
     ("import sys\nprint('first', file=sys.stderr)\nraise SystemExit('the last line')\n",
      "did not run on its own: the last line"),
+    ("import faulthandler, os, signal\nfaulthandler.enable()\ndef _load_aoti():\n"
+     "    os.kill(os.getpid(), signal.SIGSEGV)\n_load_aoti()\n",
+     "did not run on its own: its process died of SIGSEGV inside torch's AOTInductor loader"),
 ])
 def test_a_package_whose_check_process_fails_is_named_by_how(tmp_path, monkeypatch, body,
                                                              needle):
     """A crash in the package's native code (a signal) says which signal and faulthandler's
-    line; an error exit gives its last line."""
+    line, and a crash inside torch's package loader says so; an error exit gives its last line."""
     from fasttrain.errors import FasttrainError
     from fasttrain.inference import export
 
