@@ -1,5 +1,6 @@
 """The ladder end to end (one fresh process per rung) on every tiny workload, and its gate."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -340,6 +341,9 @@ def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
         raise AssertionError(names)
     assert next(r for r in rows if r["rung"] == "fast: compile + graphs")["skipped"]
     assert len(verdict) == 1 and verdict[0]["rung"] in names[1:]
+    took = verdict[0]["search_s"]  # how long it took: more than its rungs' timed steps
+    assert took > sum(r["step_time_s"] * 2 for r in rows if r.get("step_time_s"))
+    assert re.search(r", found in [0-9.]+ (s|min)\) → ", proc.stdout)
     chosen = next(r for r in rows if r["rung"] == verdict[0]["rung"] and r["kind"] == "ladder")
     assert load_toml(tmp_path / "fast-vit-tiny.toml").to_dict() == chosen["recipe"]
     assert f"fast preset: '{verdict[0]['rung']}'" in markdown_table(rows)

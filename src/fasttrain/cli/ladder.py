@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from ..errors import FasttrainError
@@ -47,6 +48,7 @@ def cmd_ladder(args) -> int:
         why = unavailable(spec.workload)
         if why:
             raise FasttrainError(f"--peer: the {why}; install it, or run without --peer")
+    started = time.monotonic()
     try:
         rows = show_progress(lambda on_row, on_start: run_ladder(spec, on_row, on_start),
                              f"fasttrain ladder · {spec.workload} {spec.size} · {spec.device}")
@@ -58,7 +60,8 @@ def cmd_ladder(args) -> int:
     if rungs == ["fast"]:
         from ..ladder.search import write_fast_preset
 
-        print(write_fast_preset(args.workload, size, rows, out))
+        print(write_fast_preset(args.workload, size, rows, out,
+                                search_s=time.monotonic() - started))
     if ratio_warning(rows):
         print(f"warning: {ratio_warning(rows)}")
     if args.tensorboard:

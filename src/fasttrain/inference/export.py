@@ -32,7 +32,7 @@ from .spec import RUNGS, InferSpec
 CHECK_SCRIPT = Path(__file__).with_name("serve_check.py")
 MAX_BATCH = 1024
 # faulthandler's frames of torch's own package loading: a crash there is torch's, not the model's
-LOADER_FRAMES = ("in _load_aoti", "in aoti_load_package", "in aot_load")
+LOADER_FRAMES = (" in _load_aoti", " in aoti_load_package", " in aot_load")
 
 
 def export_job(child: ChildSpec) -> dict:
@@ -72,11 +72,12 @@ def check_package(package: Path, workdir: Path, batch: int, iters: int, warmup: 
                 what = f"its process died of {signal.Signals(-proc.returncode).name}"
             except ValueError:  # a real-time signal has no name
                 what = f"its process died of signal {-proc.returncode}"
-            if any(frame in ln for ln in lines for frame in LOADER_FRAMES):
+            frames = [ln.strip() for ln in lines if ln.strip().startswith("File ")]
+            if any(f.endswith(name) for f in frames for name in LOADER_FRAMES):
                 raise FasttrainError(
                     f"the exported package did not run on its own: {what} inside torch's "
-                    f"AOTInductor loader (torch {torch.__version__}), before the model ran; "
-                    "the rungs above stand (docs/inference.md, 'When the package does not load')")
+                    "AOTInductor loader; the other rungs' rows stand (docs/inference.md, "
+                    "'When the package does not load')")
             raise FasttrainError(f"the exported package did not run on its own: {what}"
                                  + (f" ({fatal[:160]})" if fatal else ""))
         raise FasttrainError(f"the exported package did not run on its own: "

@@ -227,10 +227,12 @@ def pick_fast(rows: list[dict]) -> dict | None:
 
 
 
-def write_fast_preset(workload: str, size: str, rows: list[dict], out: Path) -> str:
+def write_fast_preset(workload: str, size: str, rows: list[dict], out: Path,
+                      search_s: float | None = None) -> str:
     """Write ``fast-<workload>-<size>.toml`` beside ``out`` and append the ``kind: fast`` row
-    to ``out``; its ratio to the peer is the confirmed one where the rows hold it. Returns the
-    line to tell the user."""
+    to ``out``; its ratio to the peer is the confirmed one where the rows hold it, ``search_s``
+    the search's wall time (every rung, the fp32 base and the peer included). Returns the line
+    to tell the user."""
     best = pick_fast(rows)
     if best is None:
         return "fast preset: no candidate ran and passed parity; nothing written"
@@ -248,7 +250,9 @@ def write_fast_preset(workload: str, size: str, rows: list[dict], out: Path) -> 
                              throughput_unit=best["throughput_unit"],
                              speedup=best.get("speedup"), vs_peer=vs_peer,
                              vs_peer_steady=ratio["steady"] if ratio else None,
-                             recipe_file=str(path), env=best.get("env")))
+                             recipe_file=str(path), search_s=search_s, env=best.get("env")))
     gain = f", {best['speedup']:.2f}x fp32" if best.get("speedup") and not on_cpu(best) else ""
+    took = "" if search_s is None else (f", found in {search_s:.0f} s" if search_s < 60
+                                        else f", found in {search_s / 60:.1f} min")
     return (f"fast preset: {best['rung']} ({best['throughput']:,.1f} {best['throughput_unit']}"
-            f"{gain}) → {path} (run it: fasttrain ladder {workload} --recipe {path})")
+            f"{gain}{took}) → {path} (run it: fasttrain ladder {workload} --recipe {path})")
