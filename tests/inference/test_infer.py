@@ -445,3 +445,33 @@ def test_a_package_whose_check_process_fails_is_named_by_how(tmp_path, monkeypat
     monkeypatch.setattr(export, "CHECK_SCRIPT", script)
     with pytest.raises(FasttrainError, match=re.escape(needle)):
         export.check_package(tmp_path / "p.pt2", tmp_path, 1, 1, 0, "cpu", 60)
+
+
+def test_a_crash_in_torchs_loader_stops_the_export_at_the_first_rung(tmp_path, monkeypatch):
+    """When torch's own loader crashes, no other rung is exported (each export is minutes on a
+    GPU, and its package would meet the same loader); a rung whose package fails for its own
+    reason still lets the next one try."""
+    from fasttrain.inference import export
+    from fasttrain.inference.runner import InferLadder
+
+    exported = []
+    monkeypatch.setattr(export, "run_in_child", lambda child, *a, **k: exported.append(
+        child.job_args["rung"]["name"]) or {"error": None, "applied": {}})
+    spec = InferLadder(workload="vit", out=tmp_path / "rows.jsonl")
+    passed = [{"rung": name, "peer": None, "throughput": t, "accuracy": {"passed": True}}
+              for name, t in (("kernels", 3.0), ("graphs", 2.0), ("sdpa", 1.0))]
+
+    def crash(*a, **k):
+        raise export.LoaderCrash("did not run on its own: SIGSEGV inside torch's loader")
+
+    monkeypatch.setattr(export, "check_package", crash)
+    row = export.export_best(spec, passed, tmp_path / "m.pt2", tmp_path)
+    assert exported == ["kernels"] and "inside torch's loader" in row["error"]
+    assert row["tried"][-1].startswith("2 other passing rung(s) not tried")
+    assert "loader_crash" not in row and not (tmp_path / "m.pt2").exists()
+
+    exported.clear()
+    monkeypatch.setattr(export, "check_package", lambda *a, **k: (_ for _ in ()).throw(
+        export.FasttrainError("did not run on its own: KeyError: 'x'")))
+    row = export.export_best(spec, passed, tmp_path / "m.pt2", tmp_path)
+    assert exported == ["kernels", "graphs", "sdpa"] and len(row["tried"]) == 3

@@ -35,6 +35,11 @@ MAX_BATCH = 1024
 LOADER_FRAMES = (" in _load_aoti", " in aoti_load_package", " in aot_load")
 
 
+class LoaderCrash(FasttrainError):
+    """The torch-only process died inside torch's own package loader, before the model ran: any
+    other rung's package would meet the same loader, so no other rung is tried."""
+
+
 def export_job(child: ChildSpec) -> dict:
     """Export one rung (``job_args``: an InferSpec and ``package``) as an AOTInductor package."""
     args = dict(child.job_args)
@@ -74,7 +79,7 @@ def check_package(package: Path, workdir: Path, batch: int, iters: int, warmup: 
                 what = f"its process died of signal {-proc.returncode}"
             frames = [ln.strip() for ln in lines if ln.strip().startswith("File ")]
             if any(f.endswith(name) for f in frames for name in LOADER_FRAMES):
-                raise FasttrainError(
+                raise LoaderCrash(
                     f"the exported package did not run on its own: {what} inside torch's "
                     "AOTInductor loader; the other rungs' rows stand (docs/inference.md, "
                     "'When the package does not load')")
@@ -105,7 +110,8 @@ def _export_row(spec: InferLadder, source: dict, package: Path, workdir: Path) -
                             spec.timeout)
     except (FasttrainError, subprocess.TimeoutExpired) as err:
         partial.unlink(missing_ok=True)
-        return {**row, "error": f"export of {rung.name}: {describe_error(err)}"}
+        return {**row, "error": f"export of {rung.name}: {describe_error(err)}",
+                "loader_crash": isinstance(err, LoaderCrash)}
     ref = bench.load_reference(workdir)
     labels = torch.load(workdir / bench.EVAL_FILE, weights_only=True)["labels"]
     acc = bench.accuracy(got["logits"], ref["logits"],
@@ -125,8 +131,9 @@ def _export_row(spec: InferLadder, source: dict, package: Path, workdir: Path) -
 
 
 def export_best(spec: InferLadder, rows: list[dict], package: Path, workdir: Path) -> dict:
-    """Export the fastest rung that passed (the next one where its export fails); the export
-    row, also appended to ``spec.out``. Each failed attempt is named in the row's ``tried``.
+    """Export the fastest rung that passed (the next one where its export fails, unless torch's
+    own loader crashed: then no package of this torch would load); the export row, also
+    appended to ``spec.out``. Each failed attempt is named in the row's ``tried``.
     ``workdir``: the ladder's folder (the held-out images and the fp32 reference logits)."""
     passed = sorted((r for r in rows if r.get("peer") is None and r.get("rung") in RUNGS
                      and not r.get("error") and not r.get("skipped")
@@ -140,6 +147,12 @@ def export_best(spec: InferLadder, rows: list[dict], package: Path, workdir: Pat
         if not row.get("error"):
             break
         tried.append(row["error"])
+        if row.pop("loader_crash", False):  # the same loader would crash on the next rung's
+            left = len(passed) - len(tried)
+            if left:
+                tried.append(f"{left} other passing rung(s) not tried: torch's loader, not the "
+                             "rung, crashed")
+            break
     peer = next((r for r in rows if r.get("rung") == "peer-compile"), None)
     row = {**compare_to_peer(row, peer), "tried": tried, "env": environment(spec.device)}
     append_row(spec.out, row)
