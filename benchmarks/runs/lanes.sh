@@ -34,6 +34,13 @@ show_lanes() {
   grep "^== \|^│\|rows:\|rror\|best fasttrain\|warning: the ratio\|passed\|failed${1:+\|$1}" \
     "$OUT/lanes.log" | tail -c 9000
 }
+# The own-model scripts' ladder of examples/MODEL.py: the fp32 parity base, the recipe FILE
+# (with any --set arguments after it), then ours, peer, peer, ours against the plain loop.
+#   own_ladder MODEL OUT FILE [--set KEY=VALUE ...]
+own_ladder() {
+  local model=$1 out=$2; shift 2
+  echo "python3 -m fasttrain ladder examples.$model:make_workload --size base --warmup 3 --rungs fp32 --recipe $* --peer --out $out"
+}
 # Shared by the single-GPU A/B scripts: their `fasttrain train` command, and the gpu-marked tests
 # that a pytest -k expression in GPU_TESTS selects, appended to the caller's cmds when set.
 TRAIN_CMD="python3 -m fasttrain train --size base --steps 30 --warmup 5"

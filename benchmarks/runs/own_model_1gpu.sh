@@ -12,7 +12,7 @@ cmds=()
 for job in $JOBS; do
   IFS=':' read -ra p <<< "$job"
   case ${p[0]} in
-    ladder) cmds+=("python3 -m fasttrain ladder examples.${p[1]}:make_workload --size base --warmup 3 --rungs fp32 --recipe examples/recipes/fast.toml --peer --out $OUT/ladder-${p[1]}") ;;
+    ladder) cmds+=("$(own_ladder "${p[1]}" "$OUT/ladder-${p[1]}" examples/recipes/fast.toml)") ;;
     step) cmds+=("python3 benchmarks/runs/step_vs_loop.py --model ${p[1]} --size base --out $OUT/step-vs-loop-${p[1]}.jsonl") ;;
     export) cmds+=("python3 benchmarks/runs/export_check.py ${p[1]} ${p[2]} ${p[3]} cuda 2>&1 | tail -60") ;;
     *) echo "unknown job $job (ladder:MODEL, step:MODEL, export:WORKLOAD:SIZE:RUNG)"; exit 2 ;;

@@ -23,7 +23,8 @@ k=0
 for l in ${LADDER:-examples/recipes/fast.toml}; do
   IFS='+' read -ra parts <<< "$l"; file=${parts[0]}; sets=""
   for s in "${parts[@]:1}"; do sets+=" --set $s"; done
-  second+=("python3 -m fasttrain ladder examples.$MODEL:make_workload --size base --warmup 3 --rungs fp32 --recipe $file$sets --peer --out $OUT/ladder-$((k++))")
+  second+=("$(own_ladder "$MODEL" "$OUT/ladder-$k" "$file$sets")")
+  k=$((k + 1))
 done
 lane 0 0-15 "${first[@]}"
 lane 1 16-31 "${second[@]}"

@@ -338,6 +338,16 @@ def _validate_padding(r: Recipe) -> None:
                              f"not {r.gemm_pad}")
 
 
+_ON, _OFF = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def switch_value(text: str) -> bool | None:
+    """A switch written out: ``true``/``yes``/``on``/``1`` is True, ``false``/``no``/``off``/``0``
+    False (any case, spaces around ignored); anything else None."""
+    word = text.strip().lower()
+    return True if word in _ON else False if word in _OFF else None
+
+
 def _coerce(name: str, raw: Any, kind: type) -> Any:
     if isinstance(raw, kind) and not (kind is int and isinstance(raw, bool)):
         return raw
@@ -348,11 +358,9 @@ def _coerce(name: str, raw: Any, kind: type) -> Any:
     text = raw.strip()
     try:
         if kind is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
+            if (on := switch_value(text)) is None:
+                raise ValueError
+            return on
         return kind(text)
     except ValueError:
         raise FasttrainError(f"recipe: {name} expects {kind.__name__}, got {raw!r}") from None

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from ..errors import FasttrainError, describe_error
+from ..recipe import switch_value
 from .base import SIZES, SimpleWorkload, Workload
 
 REGISTRY: dict[str, str] = {
@@ -83,9 +84,6 @@ def _importable_here() -> None:
         sys.path.insert(0, here)
 
 
-_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
-
-
 def _expected(param: inspect.Parameter) -> tuple[str | None, bool]:
     """The simple type a factory parameter asks for (``bool``, ``int``, ``float`` or None for
     anything else), from its annotation or else its default; and whether it takes None."""
@@ -120,9 +118,8 @@ def _coerce(spec: str, name: str, param: inspect.Parameter, value: Any) -> Any:
     if kind == "bool":
         if isinstance(value, bool):
             return value
-        text = str(value).strip().lower()
-        if text in _TRUE | _FALSE:
-            return text in _TRUE
+        if (on := switch_value(str(value))) is not None:
+            return on
         raise FasttrainError(f"workload {spec!r}: option {name!r} is a switch, got {value!r}: "
                              "give true or false")
     if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
