@@ -24,9 +24,9 @@ def default_workers() -> int:
 
 def apply(state: TrainState) -> str:
     r = state.recipe
-    workers = r.workers
-    if workers > _cpus():  # more loader processes than CPUs only fight the training process
-        workers = _cpus()
+    workers, cpus = r.workers, _cpus()
+    if workers > cpus:  # more loader processes than CPUs only fight the training process
+        workers = cpus
         state.warn("dataloader", f"workers={r.workers} on a machine of {workers} CPUs; using "
                    f"{workers}")
     kw = {"num_workers": workers, "pin_memory": r.pin_memory and state.cuda}
