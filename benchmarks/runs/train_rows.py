@@ -18,7 +18,11 @@ def main(folder: str) -> int:
         else:
             print(f.name, "no row:", text[-300:])
             continue
-        with open(out / f"train-{row['workload']}.jsonl", "a") as fh:
+        settings = [ln[5:] for ln in text.splitlines() if ln.startswith("with ")]
+        if settings:  # with_attrs.py's class attributes: part of what the run measured
+            row["with"] = settings
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in row["workload"])
+        with open(out / f"train-{name}.jsonl", "a") as fh:  # hf:llama → train-hf_llama.jsonl
             fh.write(json.dumps(row) + "\n")
         r = row["recipe"]
         print(row["workload"], r["optimizer_impl"], r["compile_mode"],
@@ -26,7 +30,7 @@ def main(folder: str) -> int:
               f"gemm_pad={r.get('gemm_pad')}", row.get("options") or "",
               f"{row['throughput']:.1f} {row['throughput_unit']}",
               f"{1e3 * row['step_time_s']:.2f} ms", f"warm-up {row['warmup_s']:.1f} s",
-              row.get("applied", {}).get("compile"), row.get("warnings"))
+              row.get("applied", {}).get("compile"), row.get("warnings"), settings or "")
         f.unlink()
     return 0
 

@@ -192,3 +192,56 @@ def test_matches_transformers_llama():
     ids = torch.randint(0, 512, (2, 64))
     with torch.no_grad():
         torch.testing.assert_close(ours.logits(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_stacked_projections_compute_the_separate_ones(monkeypatch, autocast):
+    """q, k, v from one GEMM over their stacked weights, and the MLP's gate and up likewise:
+    the same outputs and every gradient as one GEMM each, in fp32 and under bf16 autocast
+    (where each weight is cast before the stacking, as autocast casts it); a layer another
+    technique replaced (fp8's subclass) keeps its own call."""
+    from fasttrain.layers.mlp import SwiGLU
+
+    torch.manual_seed(0)
+    cfg = CONFIGS["tiny"]
+    block = llama.Block(cfg)
+    cos, sin = rope_tables(cfg)
+    x = torch.randn(2, 7, cfg.dim)
+
+    def run(on):
+        monkeypatch.setattr(llama.Attention, "stacked", on)
+        monkeypatch.setattr(SwiGLU, "stacked", on)
+        block.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y, _ = block(xi, cos[:7], sin[:7])
+        (y.float() ** 2).sum().backward()
+        return y.detach(), xi.grad, [p.grad.clone() for p in block.parameters()]
+
+    def close(a, b):  # bf16: one GEMM's sum against three bf16 results added, 2% of the largest
+        if autocast:
+            assert (a.float() - b.float()).abs().max() <= 2e-2 * b.float().abs().max()
+        else:
+            torch.testing.assert_close(a, b)
+
+    want, got = run(False), run(True)
+    close(got[0], want[0])
+    close(got[1], want[1])
+    assert len(got[2]) == len(want[2]) == len(list(block.parameters()))
+    for g, w in zip(got[2], want[2]):
+        close(g, w)
+
+    calls = []
+
+    class Replaced(torch.nn.Linear):  # what fp8's layer swap leaves: a subclass with its own matmul
+        def forward(self, inp):
+            calls.append(self)
+            return super().forward(inp)
+
+    for parent, name in ((block.self_attn, "k_proj"), (block.mlp, "up_proj")):
+        old = getattr(parent, name)
+        new = Replaced(old.in_features, old.out_features, bias=False)
+        new.load_state_dict(old.state_dict())
+        setattr(parent, name, new)
+    close(run(True)[0], want[0])
+    assert len(calls) == 2  # each replaced layer ran its own forward once
