@@ -354,46 +354,6 @@ def rope_rows(env: dict) -> list[dict]:
     return rows
 
 
-def stacked_rows(env: dict) -> list[dict]:
-    """One Llama-1B decoder layer (4 x 2,048 tokens, bf16 autocast, compiled), forward +
-    backward from a fixed cotangent: q, k, v and gate, up as one GEMM each over their stacked
-    weights (``layers.linear.stacked``) against one GEMM per projection; the weights in fp32
-    (autocast casts them) and in bf16 (``master_weights``)."""
-    from fasttrain.layers.mlp import SwiGLU
-    from fasttrain.workloads import llama
-
-    cfg = llama.CONFIGS["base"]
-    b, t = 4, cfg.seq
-    cos, sin = (table.cuda() for table in llama.rope_tables(cfg))
-    x = torch.randn(b, t, cfg.dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    g = torch.randn(b, t, cfg.dim, device="cuda", dtype=torch.bfloat16)
-    hd = cfg.dim // cfg.heads
-    proj = cfg.dim * (cfg.heads + 2 * cfg.kv_heads) * hd + cfg.dim * cfg.dim + 3 * cfg.dim * cfg.hidden
-    flops = 3 * 2 * b * t * proj + 3.5 * 2 * 2 * b * t * t * cfg.dim  # GEMMs + causal attention
-    rows = []
-    for weights in (torch.float32, torch.bfloat16):
-        torch.manual_seed(0)
-        block = llama.Block(cfg).cuda().to(weights)
-        block.input_layernorm.float(), block.post_attention_layernorm.float()
-
-        def run(x):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                y, _ = block(x, cos, sin)
-            return y
-
-        for on in (False, True):
-            llama.Attention.stacked = SwiGLU.stacked = on
-            torch._dynamo.reset()
-            step = torch.compile(run)
-            name = f"{'stacked' if on else 'separate'} GEMMs"
-            rows += _variant_rows(env, "llama layer", {name: step}, (x,),
-                                  {"tokens": b * t, "dim": cfg.dim, "model": "llama-1B",
-                                   "weights": str(weights).removeprefix("torch.")},
-                                  "bf16 autocast", ("tflops", flops), grads=(g,))
-        llama.Attention.stacked = SwiGLU.stacked = True
-    return rows
-
-
 def _window_sdpa(qkv, bias, mask, heads):
     """Swin's plain window attention: SDPA over (Bw, N, 3·C) windows, bias + mask materialised."""
     Bw, N, C3 = qkv.shape
@@ -717,8 +677,7 @@ GROUPS = {"linear_ce": linear_ce_rows, "norms": norm_rows, "fp8": fp8_rows,
           "optimizer": optimizer_rows, "groupnorm": groupnorm_rows, "attention": attention_rows,
           "map_window": map_window_rows,
           "conv": conv_rows,
-          "wide_attention": wide_attention_rows, "geglu": geglu_rows,
-          "stacked": stacked_rows}
+          "wide_attention": wide_attention_rows, "geglu": geglu_rows}
 
 
 def main() -> int:

@@ -1,11 +1,11 @@
 """Run a fasttrain command with class attributes of fasttrain changed, for A/B runs of a layer
-behaviour that is not a recipe switch (``stacked`` projections, say):
+behaviour that is not a recipe switch (SD's ``stacked`` projections, say):
 
-    python3 benchmarks/runs/with_attrs.py fasttrain.layers.mlp.SwiGLU.stacked=False \
-        -- train hf:llama --recipe F.toml
+    python3 benchmarks/runs/with_attrs.py fasttrain.layers.sd_transformer.Attention.stacked=False \
+        -- train sd --recipe F.toml
 
-imports ``fasttrain.layers.mlp``, sets ``SwiGLU.stacked = False`` (values are Python literals;
-the attribute must exist) and then runs ``fasttrain train hf:llama --recipe F.toml`` in the same
+imports ``fasttrain.layers.sd_transformer``, sets ``Attention.stacked = False`` (values are
+Python literals; the attribute must exist) and then runs ``fasttrain train sd --recipe F.toml`` in the same
 process. The row it prints is the command's own: say which setting it ran with where you keep
 it (train_rows.py's file is in run order).
 """

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import causal_gqa_attention
-from ..layers.linear import linear, stacked
+from ..layers.linear import linear
 from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
@@ -110,10 +110,7 @@ def swap_mlp(m: nn.Module) -> None:
 # ----------------------------------------------------------------------------- Attention
 
 class HFAttention(nn.Module):
-    """transformers' attention with RoPE through ``Rotary`` and causal SDPA (its own GQA); q, k
-    and v from one GEMM over their stacked weights, as fasttrain's own Llama (``stacked``)."""
-
-    stacked = True
+    """transformers' attention with RoPE through ``Rotary`` and causal SDPA (its own GQA)."""
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings=None,
                 attention_mask: torch.Tensor | None = None, **kwargs: Any):
@@ -124,12 +121,9 @@ class HFAttention(nn.Module):
                                    attention_mask=attention_mask, **kwargs)
         B, T, _ = hidden_states.shape
         D = self.head_dim
-        projections = [self.q_proj, self.k_proj, self.v_proj]
-        q, k, v = (stacked(projections, hidden_states) if self.stacked
-                   else [m(hidden_states) for m in projections])
-        q = q.view(B, T, -1, D).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, -1, D).transpose(1, 2)  # (B, KV, T, D)
-        v = v.view(B, T, -1, D).transpose(1, 2)
+        q = self.q_proj(hidden_states).view(B, T, -1, D).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(hidden_states).view(B, T, -1, D).transpose(1, 2)  # (B, KV, T, D)
+        v = self.v_proj(hidden_states).view(B, T, -1, D).transpose(1, 2)
         cos, sin = position_embeddings  # (1, T, D)
         q, k = self.rotary(q, k, cos[0], sin[0])
         out = causal_gqa_attention(q, k, v)  # (B, H, T, D)

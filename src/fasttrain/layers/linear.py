@@ -88,31 +88,19 @@ def stackable(layers: Sequence[nn.Module]) -> bool:
             and len({m.bias is None for m in layers}) == 1)
 
 
-def stacked_params(layers: Sequence[nn.Linear], dtype: torch.dtype | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def stacked_params(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The ``stackable`` layers' weights (and biases) concatenated along their outputs: one
-    linear layer's (weight, bias) whose output is theirs side by side; with ``dtype``, each
-    cast to it before the concatenation (autocast's cast, done first, so that no fp32 copy of
-    the stacked weights is written)."""
-    def cat(ps: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat([p if dtype is None else p.to(dtype) for p in ps])
-
-    bias = None if layers[0].bias is None else cat([m.bias for m in layers])
-    return cat([m.weight for m in layers]), bias
-
-
-def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
-    """The dtype autocast gives a matmul's operands on ``x``'s device, None where it is off."""
-    kind = x.device.type
-    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+    linear layer's (weight, bias) whose output is theirs side by side."""
+    bias = None if layers[0].bias is None else torch.cat([m.bias for m in layers])
+    return torch.cat([m.weight for m in layers]), bias
 
 
 def stacked(layers: Sequence[nn.Linear], x: torch.Tensor) -> list[torch.Tensor]:
     """``[m(x) for m in layers]``, from one GEMM over the layers' concatenated weights (and
-    biases, cast first where autocast is on) where they are ``stackable``: one launch forward, one for the weights' gradient and
+    biases) where they are ``stackable``: one launch forward, one for the weights' gradient and
     one for x's (instead of one each per layer, and a sum of x's gradients); the outputs are
     column slices of the one result. The weights stay the layers' own parameters."""
     if not stackable(layers):
         return [m(x) for m in layers]
-    y = F.linear(x, *stacked_params(layers, autocast_dtype(x)))
+    y = F.linear(x, *stacked_params(layers))
     return list(y.split([m.out_features for m in layers], dim=-1))

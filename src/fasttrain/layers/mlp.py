@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .fused import FusedPath
-from .linear import bias_apart, linear, stacked
+from .linear import bias_apart, linear
 
 
 class Mlp(FusedPath, nn.Module):
@@ -98,13 +98,9 @@ class GeluSequential(FusedPath, nn.Sequential):
 
 
 class SwiGLU(FusedPath, nn.Module):
-    """down(silu(gate(x)) * up(x)), no biases (Llama). On the plain path gate and up come from
-    one GEMM over their stacked weights (``layers.linear.stacked``: one read of x, and x's
-    gradient from one GEMM rather than two and their sum); ``stacked = False`` runs one each.
-    The fused path keeps two GEMMs: its kernel reads contiguous gate and up."""
+    """down(silu(gate(x)) * up(x)), no biases (Llama)."""
 
     fused_kind, fused_triton = "swiglu", True
-    stacked = True
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -122,11 +118,7 @@ class SwiGLU(FusedPath, nn.Module):
             from ..kernels.activations import swiglu
 
             return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-        if self.stacked:
-            gate, up = stacked([self.gate_proj, self.up_proj], x)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class GEGLU(FusedPath, nn.Module):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import attention
-from .linear import autocast_dtype, bias_apart, linear, stackable, stacked_params
+from .linear import bias_apart, linear, stackable, stacked_params
 from .mlp import GEGLU
 from .norm import LayerNorm
 
@@ -56,8 +56,7 @@ class Attention(nn.Module):
     def _project(self, x: torch.Tensor, *layers: nn.Linear) -> tuple[torch.Tensor, ...]:
         """Each layer's output as (B, heads, T, D), from one GEMM where all are plain."""
         if self.stacked and stackable(layers):
-            return self._heads(F.linear(x, *stacked_params(layers, autocast_dtype(x))),
-                              len(layers))
+            return self._heads(F.linear(x, *stacked_params(layers)), len(layers))
         return tuple(h for m in layers for h in self._heads(m(x), 1))
 
     def text_heads(self, k: torch.Tensor, v: torch.Tensor) -> Heads2:

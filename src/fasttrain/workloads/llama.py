@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from ..layers.attention import attention, native_gqa
-from ..layers.linear import stacked
 from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
@@ -77,11 +76,7 @@ def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Attention(nn.Module):
     """GQA attention with RoPE (``layers.rope.Rotary``; ``kernels=rope`` rotates q and k in one
-    Triton kernel). q, k and v come from one GEMM over the three weights stacked
-    (``layers.linear.stacked``: k and v are only 512 wide, too narrow to fill the GPU alone);
-    ``stacked = False`` runs one GEMM each."""
-
-    stacked = True
+    Triton kernel)."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -94,11 +89,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        projections = [self.q_proj, self.k_proj, self.v_proj]
-        q, k, v = (stacked(projections, x) if self.stacked else [m(x) for m in projections])
-        q = q.view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
-        v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        q = self.q_proj(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
         q, k = self.rotary(q, k, cos, sin)
         gqa = self.kv_heads != self.heads
         if gqa and not native_gqa(q):
