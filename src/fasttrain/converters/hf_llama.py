@@ -110,10 +110,7 @@ def swap_mlp(m: nn.Module) -> None:
 # ----------------------------------------------------------------------------- Attention
 
 class HFAttention(nn.Module):
-    """transformers' attention with RoPE through ``Rotary`` and causal SDPA (its own GQA).
-    ``contiguous_heads``: q, k and v handed to SDPA contiguous in (B, H, T, D)."""
-
-    contiguous_heads = False
+    """transformers' attention with RoPE through ``Rotary`` and causal SDPA (its own GQA)."""
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings=None,
                 attention_mask: torch.Tensor | None = None, **kwargs: Any):
@@ -129,8 +126,6 @@ class HFAttention(nn.Module):
         v = self.v_proj(hidden_states).view(B, T, -1, D).transpose(1, 2)
         cos, sin = position_embeddings  # (1, T, D)
         q, k = self.rotary(q, k, cos[0], sin[0])
-        if self.contiguous_heads:
-            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out = causal_gqa_attention(q, k, v)  # (B, H, T, D)
         return linear(self.o_proj, out.transpose(1, 2).reshape(B, T, -1)), None
 
