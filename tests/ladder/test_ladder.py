@@ -425,3 +425,42 @@ def test_a_rung_of_no_effect_is_not_the_best_rung():
             {"kind": "peer", "rung": "peer", "throughput": 50.0}]
     assert best_rung(rows, None)["rung"] == "fused-optim"
     assert "'fused-optim'" in peer_summary(rows)
+
+
+def test_a_base_out_of_memory_runs_again_checkpointed_and_stays_the_reference(monkeypatch):
+    """The fp32 base that runs out of memory is run again with every block checkpointed (the
+    same maths): it becomes the parity reference, its name and comment say why, its row keeps
+    the first error, and the ladder does not fail. A second failure gives one row with both."""
+    from fasttrain.ladder import runner
+    from fasttrain.ladder.runner import failures
+
+    real, calls = runner.run_rung, []
+    oom = "out of memory: CUDA out of memory. Tried to allocate 3.91 GiB."
+
+    def run_rung(spec, name, recipe, workdir):
+        calls.append((name, recipe.checkpointing))
+        if recipe.precision == "fp32" and recipe.checkpointing == "none":
+            return {"error": oom}
+        return real(spec, name, recipe, workdir)
+
+    monkeypatch.setattr(runner, "run_rung", run_rung)
+    spec = LadderSpec(workload="vit", size="tiny", steps=3, warmup=1, device="cpu", base=FAST,
+                      rungs=["fp32"], extra_rungs=[("bf16", FAST.replace(precision="bf16-mixed"))])
+    rows = run_ladder(spec)
+    assert calls == [("fp32", "none"), ("fp32", "full"), ("bf16", "none")]
+    base, bf16 = rows
+    assert base["rung"] == "fp32 (checkpointed)" and not base.get("error")
+    assert base["base_out_of_memory"] == oom and base["recipe"]["checkpointing"] == "full"
+    assert "plain fp32 ran out of memory" in base["comment"]
+    assert base["parity"]["passed"] and bf16["parity"]["passed"]
+    assert failures(rows) is None
+
+    def always_oom(spec, name, recipe, workdir):
+        return {"error": oom}
+
+    monkeypatch.setattr(runner, "run_rung", always_oom)
+    (row,) = run_ladder(LadderSpec(workload="vit", size="tiny", steps=3, warmup=1, device="cpu",
+                                   base=FAST, rungs=["fp32"]))
+    assert row["rung"] == "fp32" and row["error"].count("Tried to allocate") == 2
+    assert "again with full activation checkpointing" in row["error"]
+    assert failures([row]) == "fp32 (error)"
