@@ -48,7 +48,9 @@ class Recipe:
     optimizer: str = "adamw"
     """adamw (two fp32 moments per weight) | sgd (momentum 0.9: one state tensor, the lean one)."""
     schedule: str = "constant"
-    """Learning-rate schedule over the run: constant | cosine (to 0 at the last step)."""
+    """Learning-rate schedule over the run: constant | cosine (to 0 at the last step). Works
+    under cuda_graphs with adamw: the rate is then a device tensor that the schedule writes
+    between replays of the captured step."""
     optimizer_impl: str = "forloop"
     """forloop (one kernel per tensor per op) | foreach (multi-tensor) | fused (PyTorch's fused
     AdamW) | triton (fasttrain's one-launch AdamW with the gradient clipping and the EMA folded
@@ -110,7 +112,9 @@ class Recipe:
     bias-gradient sums, small pointwise ops side by side) run as one launch. Needs compile
     (inductor)."""
     cuda_graphs: bool = False
-    """Capture the whole training step (forward, backward, clip, optimizer) in one CUDA graph."""
+    """Capture the whole training step (forward, backward, clip, optimizer) in one CUDA graph.
+    A cosine schedule follows the replays with adamw (its rate is on the device); sgd keeps
+    the captured rate, so it is refused with a schedule."""
     graph_memset_kernels: bool = False
     """With cuda_graphs: the small memsets that cuBLAS and cuDNN issue before many of their
     kernels (a few bytes of workspace zeroed) become kernel nodes of the captured graph that
@@ -218,11 +222,14 @@ def _validate_graphs(r: Recipe) -> None:
             raise FasttrainError("recipe: graph_memset_kernels rewrites the captured step's "
                                  "CUDA graph; set cuda_graphs=true")
         return
-    if r.offload != "none" or r.schedule != "constant" or (
-            r.master_weights and r.precision != "bf16-mixed"):
-        raise FasttrainError("recipe: cuda_graphs captures a device-only step with a constant "
-                             "lr; turn off offload, schedule and (unless bf16-mixed) "
-                             "master_weights")
+    if r.offload != "none" or (r.master_weights and r.precision != "bf16-mixed"):
+        raise FasttrainError("recipe: cuda_graphs captures a device-only step; turn off "
+                             "offload and (unless bf16-mixed) master_weights")
+    if r.schedule != "constant" and r.optimizer != "adamw":
+        raise FasttrainError(f"recipe: cuda_graphs with schedule={r.schedule} needs "
+                             f"optimizer=adamw, whose learning rate the schedule writes on the "
+                             f"device between replays ({r.optimizer} keeps the captured rate); "
+                             "use adamw or schedule=constant")
     if r.precision == "fp16-mixed":
         raise FasttrainError("recipe: cuda_graphs cannot capture fp16-mixed (GradScaler syncs "
                              "with the host); use bf16-mixed")

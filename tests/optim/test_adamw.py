@@ -392,3 +392,59 @@ def test_a_state_dict_without_masters_takes_the_weights_as_they_are(small_blocks
         ours[0].add_(1.0)  # a weight loaded from elsewhere after the optimizer was built
     opt.load_state_dict(saved)
     assert torch.equal(opt.masters[0], ours[0].detach().float())
+
+
+def test_a_schedule_reaches_the_kernel_through_the_device_learning_rate(small_blocks):
+    """The group's "lr" is the tensor the kernel reads: a LambdaLR (cosine) writes it in place
+    and the steps follow torch's AdamW under the same schedule; a rate set by hand as a number
+    is taken at the next step and the tensor becomes the group's "lr" again, also after a
+    state-dict load."""
+    from fasttrain.techniques.optimizer import Cosine
+
+    ours, ref = _pair()
+    opt = FlatAdamW(ours, lr=1e-2, weight_decay=0.1, max_grad_norm=1.0)
+    torch_opt = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1, foreach=False)
+    lr_tensor = opt.param_groups[0]["lr"]
+    assert isinstance(lr_tensor, torch.Tensor) and lr_tensor.dtype == torch.float32
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, Cosine(5)) for o in (opt, torch_opt)]
+    seen = []
+    for step in range(5):
+        _set(ours, _grads(step))
+        _set(ref, _grads(step))
+        torch.nn.utils.clip_grad_norm_(ref, 1.0)
+        opt.step()
+        torch_opt.step()
+        for s in scheds:
+            s.step()
+        seen.append(float(opt.param_groups[0]["lr"]))
+    assert opt.param_groups[0]["lr"] is lr_tensor  # written in place, never replaced
+    assert seen == pytest.approx([1e-2 * Cosine(5)(k) for k in range(1, 6)])
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+    opt.param_groups[0]["lr"] = 3e-3  # by hand, as a number
+    torch_opt.param_groups[0]["lr"] = 3e-3
+    _set(ours, _grads(7))
+    _set(ref, _grads(7))
+    torch.nn.utils.clip_grad_norm_(ref, 1.0)
+    opt.step()
+    torch_opt.step()
+    assert opt.param_groups[0]["lr"] is lr_tensor and float(lr_tensor) == pytest.approx(3e-3)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+    saved = opt.state_dict()
+    saved["param_groups"][0]["lr"] = 5e-4
+    opt.load_state_dict(saved)
+    assert opt.param_groups[0]["lr"] is lr_tensor and float(lr_tensor) == pytest.approx(5e-4)
+
+
+def test_graphs_take_a_schedule_with_adamw_and_refuse_it_with_sgd():
+    """cuda_graphs with schedule=cosine is a valid recipe for adamw; with sgd it is one line
+    naming the way out."""
+    from fasttrain.recipe import Recipe
+
+    Recipe(cuda_graphs=True, schedule="cosine", precision="bf16-mixed", optimizer_impl="triton")
+    with pytest.raises(FasttrainError, match="needs optimizer=adamw") as err:
+        Recipe(cuda_graphs=True, schedule="cosine", optimizer="sgd")
+    assert "\n" not in str(err.value) and "schedule=constant" in str(err.value)

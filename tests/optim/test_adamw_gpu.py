@@ -150,3 +150,60 @@ def test_bf16_master_weights_in_the_graphed_training_loop_keep_the_losses():
         torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(plain.losses),
                                    rtol=2e-2, atol=0)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["triton", "fused"])
+def test_a_cosine_schedule_reaches_the_replays_of_a_captured_step(impl):
+    """The optimizer's rate on the device, written in place by the scheduler between replays:
+    a captured step under a cosine schedule ends where the same steps run eagerly end, for the
+    one-launch AdamW and for PyTorch's capturable fused AdamW as the recipe builds them, and
+    not where a constant rate would have taken it."""
+    from fasttrain.optim.adamw import FlatAdamW
+    from fasttrain.techniques.optimizer import Cosine, build
+
+    torch.manual_seed(0)
+    shapes = [(256, 256), (1280,), (77, 33)]
+    init = [torch.randn(s, device="cuda") for s in shapes]
+    grads = [[torch.randn(s, device="cuda") for s in shapes] for _ in range(8)]
+    recipe = Recipe(optimizer_impl=impl, schedule="cosine", cuda_graphs=True,
+                    precision="bf16-mixed")
+
+    def run(graphed: bool, schedule: bool = True):
+        ws = [w.clone().requires_grad_() for w in init]
+        opt = (FlatAdamW(ws, lr=1e-2, weight_decay=0.01, max_grad_norm=1.0) if impl == "triton"
+               else build(ws, recipe, 1e-2, capturable=True))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, Cosine(len(grads))) if schedule else None
+        src = [torch.zeros_like(w) for w in init]
+
+        def step():
+            for w, g in zip(ws, src):
+                w.grad = g * 1.0
+            opt.step()
+
+        graph = None
+        for k, gs in enumerate(grads):
+            torch._foreach_copy_(src, gs)
+            if not graphed or k == 0:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    step()
+                torch.cuda.current_stream().wait_stream(side)
+            else:
+                if graph is None:
+                    for w in ws:
+                        w.grad = None
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        step()
+                graph.replay()
+            if sched is not None:
+                sched.step()
+        torch.cuda.synchronize()
+        return ws
+
+    eager, graphed, constant = run(False), run(True), run(True, schedule=False)
+    for a, b, c in zip(graphed, eager, constant):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert (a - c).abs().max() > 1e-3  # the schedule changed the weights

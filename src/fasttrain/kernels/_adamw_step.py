@@ -66,7 +66,7 @@ def _block(w_ptr, w_offs, g_ptr, g_offs, copy_ptr, copy_offs, m_ptr, v_ptr, ema_
 @triton.jit
 def _adamw_step(table_ptr, n_tensors, chunk_tensor_ptr, chunk_start_ptr, numel_ptr,
                 state_off_ptr, steps_ptr, have_ptr, m_ptr, v_ptr, ema_ptr, coef_ptr,
-                master_ptr, half_ptr, lr, beta1, beta2, log2_beta1, log2_beta2, eps,
+                master_ptr, half_ptr, lr_ptr, beta1, beta2, log2_beta1, log2_beta2, eps,
                 weight_decay, ema_weight, HAS_CLIP: tl.constexpr, HAS_EMA: tl.constexpr,
                 HALF: tl.constexpr, BLOCK: tl.constexpr):
     """One program: BLOCK elements of one tensor (chunk c of the chunk table). fp32 weights
@@ -74,7 +74,9 @@ def _adamw_step(table_ptr, n_tensors, chunk_tensor_ptr, chunk_start_ptr, numel_p
     whole number of elements apart), bf16 ones from half_ptr; the table's third part says per
     tensor whether both start on 16 bytes, which makes a whole block's loads provably aligned
     vectors, its fourth (with HALF) whether the weight is bf16 with an fp32 master copy in
-    master_ptr (at the tensor's state offsets)."""
+    master_ptr (at the tensor's state offsets). The learning rate is read from lr_ptr (one
+    fp32 on the device), so a scheduler that writes it between replays of a captured step
+    reaches the replays."""
     c = tl.program_id(0)
     t = tl.load(chunk_tensor_ptr + c)
     start = tl.load(chunk_start_ptr + c)
@@ -85,7 +87,7 @@ def _adamw_step(table_ptr, n_tensors, chunk_tensor_ptr, chunk_start_ptr, numel_p
     s_offs = tl.load(state_off_ptr + t) + start + idx
     whole = (start + BLOCK <= n) & (tl.load(table_ptr + 2 * n_tensors + t) != 0)
     mask = start + idx < n
-    lr = tl.cast(lr, tl.float32)
+    lr = tl.load(lr_ptr)
     beta1, beta2 = tl.cast(beta1, tl.float32), tl.cast(beta2, tl.float32)
     eps, weight_decay = tl.cast(eps, tl.float32), tl.cast(weight_decay, tl.float32)
     ema_weight = tl.cast(ema_weight, tl.float32)

@@ -57,18 +57,19 @@ def adamw_step(table: torch.Tensor, n_tensors: int, chunk_tensor: torch.Tensor,
                chunk_start: torch.Tensor, numel: torch.Tensor, offsets: torch.Tensor,
                steps: torch.Tensor, increments: torch.Tensor, exp_avg: torch.Tensor,
                exp_avg_sq: torch.Tensor, ema: torch.Tensor | None, coef: torch.Tensor | None,
-               master: torch.Tensor | None, anchor: torch.Tensor, lr: float,
+               master: torch.Tensor | None, anchor: torch.Tensor, lr: torch.Tensor,
                betas: tuple[float, float], eps: float, weight_decay: float,
                ema_weight: float) -> None:
     """One launch over every block of every tensor (``chunk_tensor``/``chunk_start``): AdamW
     with the clip factor ``coef`` applied in registers, the EMA lerp and, with ``master``, the
-    bf16 weights written back from their fp32 masters."""
+    bf16 weights written back from their fp32 masters. ``lr`` is a one-element fp32 device
+    tensor, read by the kernel at every launch (and every replay)."""
     beta1, beta2 = betas
     dummy = exp_avg
     _adamw_step[(chunk_tensor.numel(),)](
         table, n_tensors, chunk_tensor, chunk_start, numel, offsets, steps, increments, exp_avg,
         exp_avg_sq, ema if ema is not None else dummy, coef if coef is not None else dummy,
-        master if master is not None else dummy, anchor, float(lr), float(beta1), float(beta2),
+        master if master is not None else dummy, anchor, lr, float(beta1), float(beta2),
         math.log2(beta1), math.log2(beta2), float(eps), float(weight_decay), ema_weight,
         HAS_CLIP=coef is not None, HAS_EMA=ema is not None, HALF=master is not None,
         BLOCK=LAUNCH["block"], num_warps=LAUNCH["warps"])

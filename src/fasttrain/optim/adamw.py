@@ -30,9 +30,9 @@ CUDA graphs
     the device in the step; under capture that kernel is a graph node reading the host table at
     replay, where the graph's gradients have the captured addresses (the table used in a capture
     is kept and never written again; pinned memory is allocated only outside captures). The
-    step counts live on the device (``capturable``), so no host sync. The learning rate is an
-    argument of the launch: a captured step keeps the rate it was captured with (fasttrain's
-    recipes refuse a schedule with CUDA graphs for this reason).
+    step counts live on the device (``capturable``), so no host sync. The learning rate is a
+    device tensor, the parameter group's own "lr", read by the kernel: a scheduler stepped
+    between replays writes it in place, so a captured step follows the schedule.
 
 Numerics
     fp32 arithmetic in PyTorch's fused AdamW order (decoupled decay, then moments, then the
@@ -153,6 +153,10 @@ class FlatAdamW(torch.optim.Optimizer):
                                       capturable=True, foreach=False, fused=False,
                                       maximize=False, amsgrad=False, differentiable=False))
         self.params, self.max_grad_norm, self.device = params, float(max_grad_norm), device
+        # the learning rate the kernel reads: a device tensor, the group's own "lr", which a
+        # scheduler writes in place (so it reaches the replays of a captured step)
+        self._lr = torch.tensor(float(lr), dtype=torch.float32, device=device)
+        self.param_groups[0]["lr"] = self._lr
         sizes = [p.numel() for p in params]
         offsets, total = [], 0
         for n in sizes:
@@ -223,6 +227,7 @@ class FlatAdamW(torch.optim.Optimizer):
         ids = state_dict["param_groups"][0]["params"] if state_dict["param_groups"] else []
         super().load_state_dict(state_dict)
         self._bind_state()
+        self._lr_tensor(self.param_groups[0])  # the loaded rate into the kernel's tensor
         for p, pid in zip(self.params, ids):
             mine, theirs = self.state[p], saved.get(pid, {})
             for key, value in theirs.items():
@@ -303,6 +308,22 @@ class FlatAdamW(torch.optim.Optimizer):
     def _fetch(host: torch.Tensor, table: torch.Tensor, ptrs: list[int]) -> None:
         fetch_table(host, table, ptrs)
 
+    def _lr_tensor(self, group: dict) -> torch.Tensor:
+        """The device tensor the kernel reads the learning rate from. Where the group's "lr" is
+        something else now (a number set by hand, a tensor from a loaded state dict), its value
+        is written into that tensor, which becomes the group's "lr" again; under a CUDA-graph
+        capture that would fix the rate of every replay, so it is refused there."""
+        lr = group["lr"]
+        if lr is self._lr:
+            return lr
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise FasttrainError("FlatAdamW: the learning rate was replaced while a CUDA graph "
+                                 "was being captured; change it in place (a scheduler, or "
+                                 "param_groups[0]['lr'].fill_(value)) instead")
+        self._lr.fill_(float(lr))
+        group["lr"] = self._lr
+        return self._lr
+
     def _increments(self, grads) -> torch.Tensor:
         """1.0 for each weight with a gradient this step, else 0.0 (one device tensor per
         pattern, built once, so a graph capture needs no host copy)."""
@@ -347,6 +368,7 @@ class FlatAdamW(torch.optim.Optimizer):
             adamw_step(table, len(self.params), self._chunk_tensor, self._chunk_start,
                        self._numel, self._offsets, self._steps, increments, self._exp_avg,
                        self._exp_avg_sq, self._ema, coef, self._master, self._anchor,
-                       group["lr"], group["betas"], group["eps"], group["weight_decay"],
+                       self._lr_tensor(group), group["betas"], group["eps"],
+                       group["weight_decay"],
                        self._ema_weight)
         return loss

@@ -29,10 +29,14 @@ from .base import Phase, Technique, TrainState
 
 
 def build(params, recipe, lr: float, capturable: bool = False) -> torch.optim.Optimizer:
+    """PyTorch's optimizer for the recipe. Capturable AdamW under a schedule gets its learning
+    rate as a device tensor, which the scheduler writes in place between graph replays."""
     impl = recipe.optimizer_impl
     kw = {"foreach": impl == "foreach", "fused": (impl == "fused") or None}
     if recipe.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=recipe.weight_decay, **kw)
+    if capturable and recipe.schedule != "constant":
+        lr = torch.tensor(float(lr), dtype=torch.float32, device=params[0].device)
     return torch.optim.AdamW(params, lr=lr, weight_decay=recipe.weight_decay,
                              capturable=capturable, **kw)
 
@@ -199,9 +203,15 @@ class Cosine:
 
 
 def _schedule(state: TrainState) -> None:
+    """The cosine schedule as a LambdaLR. Its base rates are kept as numbers: where the group's
+    "lr" is a device tensor (under CUDA graphs), the scheduler writes that tensor in place and
+    must not scale a base that is the same tensor."""
     if state.recipe.schedule == "cosine":
         inner = getattr(state.optimizer, "inner", state.optimizer)
+        for group in inner.param_groups:
+            group["initial_lr"] = float(group["lr"])
         state.scheduler = torch.optim.lr_scheduler.LambdaLR(inner, Cosine(state.total_steps))
+        state.scheduler.base_lrs = [float(b) for b in state.scheduler.base_lrs]
 
 
 def schedule_record(scheduler) -> dict | None:
@@ -233,7 +243,10 @@ def continue_schedule(state: TrainState, saved: dict | None, start: int) -> None
     sched.last_epoch = position
     sched._last_lr = [base * cosine(position) for base in sched.base_lrs]
     for group, lr in zip(sched.optimizer.param_groups, sched._last_lr):
-        group["lr"] = lr
+        if isinstance(group["lr"], torch.Tensor):  # a device rate (CUDA graphs): in place
+            group["lr"].fill_(float(lr))
+        else:
+            group["lr"] = lr
 
 
 def apply(state: TrainState) -> str:
