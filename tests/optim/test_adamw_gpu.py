@@ -207,3 +207,18 @@ def test_a_cosine_schedule_reaches_the_replays_of_a_captured_step(impl):
     for a, b, c in zip(graphed, eager, constant):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         assert (a - c).abs().max() > 1e-3  # the schedule changed the weights
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["triton", "fused"])
+def test_the_graphed_training_loop_follows_a_cosine_schedule(impl):
+    """schedule=cosine with cuda_graphs: every call of the graphed step (its eager warm-up
+    steps and its replays) steps the schedule, so the rates and the losses are the eager run's."""
+    wl = load_workload("vit", "tiny")
+    base = Recipe(precision="bf16-mixed", optimizer_impl=impl, schedule="cosine", lr=1e-2)
+    eager = train(wl, base, steps=6, warmup=4, device="cuda")
+    graphed = train(wl, base.replace(cuda_graphs=True), steps=6, warmup=4, device="cuda")
+    assert not graphed.warnings, graphed.warnings
+    assert graphed.lrs == pytest.approx(eager.lrs) and graphed.lrs[0] > graphed.lrs[-1]
+    torch.testing.assert_close(torch.tensor(graphed.losses), torch.tensor(eager.losses),
+                               rtol=2e-2, atol=0)

@@ -205,6 +205,8 @@ class _Stepper:
                 s.ema.before_optimizer()
             t.mark("graph")
             loss = self.graphed(micro[0], self.count)
+            if s.scheduler is not None:  # the rate on the device, written for the next replay
+                s.scheduler.step()
         else:
             loss = self._eager(micro)
         if s.ema is not None:
