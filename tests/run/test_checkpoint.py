@@ -91,3 +91,19 @@ def test_resume_auto_passes_over_a_first_save_that_was_cut_off(tmp_path, capsys)
     _, said = _cli_losses(capsys, "--steps", "1", "--save", str(tmp_path / "c"), "--resume",
                           "auto", "--out", str(tmp_path / "o"))
     assert "starting from step 0" in said
+
+
+def test_resume_takes_this_run_s_rate_into_the_device_rate(tmp_path):
+    """The one-launch AdamW keeps its rate on the device, and its checkpoint stores it as a
+    number: loading never writes the saved rate into the live tensor, so a resume runs at this
+    run's rate."""
+    import torch.distributed.checkpoint as dcp
+
+    wl = load_workload("llama", "tiny")
+    base = Recipe(batch=4, optimizer_impl="triton", lr=1e-3)
+    train(wl, base, steps=2, warmup=0, save_to=str(tmp_path / "c"))
+    meta = dcp.FileSystemReader(str(tmp_path / "c" / "step-000002")).read_metadata()
+    assert type(meta.state_dict_metadata["optim.param_groups.0.lr"]).__name__ == \
+        "BytesStorageMetadata"  # a number, not a tensor
+    again = train(wl, base.replace(lr=2e-3), steps=2, warmup=0, resume_from=str(tmp_path / "c"))
+    assert again.lrs == pytest.approx([2e-3, 2e-3])

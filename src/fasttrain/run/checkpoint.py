@@ -86,6 +86,12 @@ def _state(state: TrainState, h: named_state.Holder | None,
         model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
         masters = _masters(state)
         model_sd = {k: masters.get(k, v) for k, v in model_sd.items()}
+        for group in optim_sd.get("param_groups", []):  # the state dict's own dicts
+            if isinstance(group.get("lr"), torch.Tensor):
+                # a device rate (the one-launch AdamW's, a capturable AdamW's under a schedule)
+                # is saved, and loaded, as a number: any optimizer can resume from it, and a
+                # load never writes into the live tensor
+                group["lr"] = float(group["lr"])
         out = {"model": model_sd, "optim": optim_sd}
     if state.ema is not None:
         out["ema"] = {f"{i}": t for i, t in enumerate(state.ema.shadow)}
@@ -313,6 +319,13 @@ def load(state: TrainState, folder: str | Path) -> int:
                              f"{_LAYOUTS.get(layout, repr(layout))}, this run's is "
                              f"{_LAYOUTS[now_layout]}: resume it with the sharding, offload and "
                              "master_weights that saved it")
+    # loading a param group replaces its implementation flags and learning rate with the saved
+    # run's: keep this run's flags (fused, foreach, capturable; or a resume under another
+    # optimizer_impl runs slower) and lr (this run's schedule sets it, below). A rate on the
+    # device stays the same tensor (a captured step reads it), with this run's value.
+    kept_keys = ("fused", "foreach", "capturable", "initial_lr")
+    kept = [{k: g[k] for k in kept_keys if k in g} for g in state.optimizer.param_groups]
+    rates = [(g["lr"], float(g["lr"])) for g in state.optimizer.param_groups]
     target = _state(state, h, _read_metadata(folder / DCP_META) if h else None)
     try:
         _dcp_load(target, folder, _SafePlanner())
@@ -320,19 +333,17 @@ def load(state: TrainState, folder: str | Path) -> int:
         raise FasttrainError(f"resume: {folder} does not fit this model "
                              f"({describe_error(err, 120)}): resume it with the workload, size "
                              "and options that saved it") from None
-    # loading a param group replaces its implementation flags and learning rate with the saved
-    # run's: keep this run's flags (fused, foreach, capturable; or a resume under another
-    # optimizer_impl runs slower) and lr (this run's schedule sets it, below)
-    kept_keys = ("fused", "foreach", "capturable", "lr", "initial_lr")
-    kept = [{k: g[k] for k in kept_keys if k in g} for g in state.optimizer.param_groups]
     if h is not None:
         set_model_state_dict(state.model, target["model"])  # a shadow's fp32 copies, rounded
         named_state.restore(h, target[h.prefix])
     else:
         set_state_dict(state.model, state.optimizer, model_state_dict=target["model"],
                        optim_state_dict=target["optim"])
-    for group, mine in zip(state.optimizer.param_groups, kept):
+    for group, mine, (live, value) in zip(state.optimizer.param_groups, kept, rates):
         group.update(mine)
+        if isinstance(live, torch.Tensor):
+            live.fill_(value)
+        group["lr"] = live
     if state.ema is not None:
         for i, t in enumerate(state.ema.shadow):
             t.copy_(target["ema"][f"{i}"])
