@@ -51,6 +51,10 @@ class Recipe:
     """Learning-rate schedule over the run: constant | cosine (to 0 at the last step). Works
     under cuda_graphs with adamw: the rate is then a device tensor that the schedule writes
     between replays of the captured step."""
+    lr_warmup: int = 0
+    """Linear warm-up of the learning rate over its first N optimizer steps (lr·1/N, lr·2/N, …
+    up to lr), then the schedule over the steps left: constant, or cosine to 0. Like the
+    schedule, it works under cuda_graphs with adamw."""
     optimizer_impl: str = "forloop"
     """forloop (one kernel per tensor per op) | foreach (multi-tensor) | fused (PyTorch's fused
     AdamW) | triton (fasttrain's one-launch AdamW with the gradient clipping and the EMA folded
@@ -225,11 +229,13 @@ def _validate_graphs(r: Recipe) -> None:
     if r.offload != "none" or (r.master_weights and r.precision != "bf16-mixed"):
         raise FasttrainError("recipe: cuda_graphs captures a device-only step; turn off "
                              "offload and (unless bf16-mixed) master_weights")
-    if r.schedule != "constant" and r.optimizer != "adamw":
-        raise FasttrainError(f"recipe: cuda_graphs with schedule={r.schedule} needs "
-                             f"optimizer=adamw, whose learning rate the schedule writes on the "
-                             f"device between replays ({r.optimizer} keeps the captured rate); "
-                             "use adamw or schedule=constant")
+    if (r.schedule != "constant" or r.lr_warmup) and r.optimizer != "adamw":
+        what = f"schedule={r.schedule}" if r.schedule != "constant" else \
+            f"lr_warmup={r.lr_warmup}"
+        raise FasttrainError(f"recipe: cuda_graphs with {what} needs optimizer=adamw, whose "
+                             f"learning rate the schedule writes on the device between replays "
+                             f"({r.optimizer} keeps the captured rate); use adamw, or a "
+                             "constant rate without warm-up")
     if r.precision == "fp16-mixed":
         raise FasttrainError("recipe: cuda_graphs cannot capture fp16-mixed (GradScaler syncs "
                              "with the host); use bf16-mixed")
@@ -306,7 +312,7 @@ def validate(r: Recipe) -> None:
         if getattr(r, switch) and r.compile == "none":
             raise FasttrainError(f"recipe: {switch} {what}; set compile=model or "
                                  "compile=regional")
-    for name in ("workers", "batch"):
+    for name in ("workers", "batch", "lr_warmup"):
         if getattr(r, name) < 0:
             raise FasttrainError(f"recipe: {name} must be >= 0, got {getattr(r, name)}")
     if r.accumulation < 1:

@@ -447,4 +447,27 @@ def test_graphs_take_a_schedule_with_adamw_and_refuse_it_with_sgd():
     Recipe(cuda_graphs=True, schedule="cosine", precision="bf16-mixed", optimizer_impl="triton")
     with pytest.raises(FasttrainError, match="needs optimizer=adamw") as err:
         Recipe(cuda_graphs=True, schedule="cosine", optimizer="sgd")
-    assert "\n" not in str(err.value) and "schedule=constant" in str(err.value)
+    assert "\n" not in str(err.value) and "a constant rate without warm-up" in str(err.value)
+
+
+def test_the_schedule_factor_warms_up_then_decays_or_holds():
+    """Cosine(total, warmup): (k + 1) / warmup for the first steps, then half a cosine over the
+    steps left (or 1 without decay); 0 past the end; a training run reports those rates."""
+    from fasttrain.recipe import Recipe
+    from fasttrain.run.loop import train
+    from fasttrain.techniques.optimizer import Cosine
+    from fasttrain.workloads import load_workload
+
+    f = Cosine(6, warmup=2)
+    assert [f(k) for k in range(7)] == pytest.approx([0.5, 1.0, 1.0, 0.8535534, 0.5, 0.1464466,
+                                                      0.0])
+    assert [Cosine(6, warmup=3, decay=False)(k) for k in (0, 2, 5, 9)] == pytest.approx(
+        [1 / 3, 1.0, 1.0, 1.0])
+    assert [Cosine(4)(k) for k in (0, 2, 4)] == pytest.approx([1.0, 0.5, 0.0])  # as before
+    run = train(load_workload("vit", "tiny"), Recipe(lr=1e-3, lr_warmup=2), steps=4, warmup=0)
+    assert run.lrs == pytest.approx([5e-4, 1e-3, 1e-3, 1e-3])
+    assert "constant, 2 warm-up steps" in run.applied["optimizer"]
+    with pytest.raises(FasttrainError, match="lr_warmup must be >= 0"):
+        Recipe(lr_warmup=-1)
+    with pytest.raises(FasttrainError, match="cuda_graphs with lr_warmup=5 needs optimizer=adamw"):
+        Recipe(cuda_graphs=True, lr_warmup=5, optimizer="sgd")

@@ -11,6 +11,8 @@ from fasttrain.workloads import load_workload
 
 @pytest.mark.parametrize("recipe", [Recipe(batch=8, accumulation=2),
                                     Recipe(batch=4, schedule="cosine", ema="foreach"),
+                                    # a warm-up of the rate that the resume continues
+                                    Recipe(batch=4, lr_warmup=4),
                                     # bf16 weights: their fp32 masters come back from the
                                     # optimizer state (the one-launch AdamW, interpreted)
                                     Recipe(batch=4, precision="bf16-mixed", ema="foreach",

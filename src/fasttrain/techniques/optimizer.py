@@ -35,7 +35,7 @@ def build(params, recipe, lr: float, capturable: bool = False) -> torch.optim.Op
     kw = {"foreach": impl == "foreach", "fused": (impl == "fused") or None}
     if recipe.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=recipe.weight_decay, **kw)
-    if capturable and recipe.schedule != "constant":
+    if capturable and (recipe.schedule != "constant" or recipe.lr_warmup):
         lr = torch.tensor(float(lr), dtype=torch.float32, device=params[0].device)
     return torch.optim.AdamW(params, lr=lr, weight_decay=recipe.weight_decay,
                              capturable=capturable, **kw)
@@ -190,27 +190,36 @@ def _zero1(params, recipe, lr: float):
 
 
 class Cosine:
-    """The learning rate's factor at optimizer step ``step`` of a run of ``total`` steps:
-    1 → 0 along half a cosine, 0 past the end. Closed form (not CosineAnnealingLR's recursive
-    update, which stays at 0 once it gets there), so a resumed run can continue the curve, or
-    stretch it, from any position."""
+    """The learning rate's factor at optimizer step ``step`` of a run of ``total`` steps: with
+    ``warmup`` steps, a linear ramp first ((k + 1) / warmup at step k, so the first step already
+    moves), then 1 → 0 along half a cosine over the steps left (``decay=False``: 1 from then
+    on), 0 past the end. Closed form (not CosineAnnealingLR's recursive update, which stays at 0
+    once it gets there), so a resumed run can continue the curve, or stretch it, from any
+    position."""
 
-    def __init__(self, total: int):
-        self.total = max(int(total), 1)
+    def __init__(self, total: int, warmup: int = 0, decay: bool = True):
+        self.total, self.warmup, self.decay = max(int(total), 1), max(int(warmup), 0), decay
 
     def __call__(self, step: int) -> float:
-        return 0.5 * (1.0 + math.cos(math.pi * min(step, self.total) / self.total))
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if not self.decay:
+            return 1.0
+        span = max(self.total - self.warmup, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(step - self.warmup, span) / span))
 
 
 def _schedule(state: TrainState) -> None:
-    """The cosine schedule as a LambdaLR. Its base rates are kept as numbers: where the group's
-    "lr" is a device tensor (under CUDA graphs), the scheduler writes that tensor in place and
-    must not scale a base that is the same tensor."""
-    if state.recipe.schedule == "cosine":
+    """The schedule (cosine and/or a warm-up) as a LambdaLR. Its base rates are kept as
+    numbers: where the group's "lr" is a device tensor (under CUDA graphs), the scheduler
+    writes that tensor in place and must not scale a base that is the same tensor."""
+    r = state.recipe
+    if r.schedule == "cosine" or r.lr_warmup:
         inner = getattr(state.optimizer, "inner", state.optimizer)
         for group in inner.param_groups:
             group["initial_lr"] = float(group["lr"])
-        state.scheduler = torch.optim.lr_scheduler.LambdaLR(inner, Cosine(state.total_steps))
+        factor = Cosine(state.total_steps, r.lr_warmup, decay=r.schedule == "cosine")
+        state.scheduler = torch.optim.lr_scheduler.LambdaLR(inner, factor)
         state.scheduler.base_lrs = [float(b) for b in state.scheduler.base_lrs]
 
 
@@ -234,12 +243,13 @@ def continue_schedule(state: TrainState, saved: dict | None, start: int) -> None
     position = int(saved["position"]) if saved else start
     cosine, end = sched.lr_lambdas[0], position + state.total_steps
     cosine.total = total
-    if end > total:
+    if end > total and cosine.decay:
         state.warn("optimizer", f"resume: the checkpoint's cosine schedule spans {total} steps "
                    f"and is at step {position}; this run's {state.total_steps} steps go past "
                    f"its end, so it is stretched to {end} steps from here on")
         cosine.total = end
-    state.note("optimizer", f"resume: cosine schedule at step {position} of {cosine.total}")
+    kind = "cosine schedule" if cosine.decay else "warm-up schedule"
+    state.note("optimizer", f"resume: {kind} at step {position} of {cosine.total}")
     sched.last_epoch = position
     sched._last_lr = [base * cosine(position) for base in sched.base_lrs]
     for group, lr in zip(sched.optimizer.param_groups, sched._last_lr):
@@ -256,7 +266,8 @@ def apply(state: TrainState) -> str:
         raise ValueError("the trainable module has no parameters that require grad")
     lr = state.workload.lr_of(r.lr)
     n = sum(p.numel() for p in params)
-    what = f"{r.optimizer} {r.optimizer_impl}, lr {lr:g} ({r.schedule})"
+    warm = f", {r.lr_warmup} warm-up steps" if r.lr_warmup else ""
+    what = f"{r.optimizer} {r.optimizer_impl}, lr {lr:g} ({r.schedule}{warm})"
     if r.master_weights and r.mixed:
         return _mixed_masters(state, params, lr, what)
     if r.offload == "optimizer" or r.master_weights:
