@@ -117,8 +117,8 @@ class Recipe:
     (inductor)."""
     cuda_graphs: bool = False
     """Capture the whole training step (forward, backward, clip, optimizer) in one CUDA graph.
-    A cosine schedule follows the replays with adamw (its rate is on the device); sgd keeps
-    the captured rate, so it is refused with a schedule."""
+    A cosine schedule and an lr_warmup follow the replays with adamw (its rate is on the
+    device); sgd keeps the captured rate, so it is refused with either."""
     graph_memset_kernels: bool = False
     """With cuda_graphs: the small memsets that cuBLAS and cuDNN issue before many of their
     kernels (a few bytes of workspace zeroed) become kernel nodes of the captured graph that

@@ -471,3 +471,12 @@ def test_the_schedule_factor_warms_up_then_decays_or_holds():
         Recipe(lr_warmup=-1)
     with pytest.raises(FasttrainError, match="cuda_graphs with lr_warmup=5 needs optimizer=adamw"):
         Recipe(cuda_graphs=True, lr_warmup=5, optimizer="sgd")
+
+
+def test_a_warm_up_as_long_as_the_run_is_warned_about():
+    from fasttrain.recipe import Recipe
+    from fasttrain.run.loop import train
+    from fasttrain.workloads import load_workload
+
+    run = train(load_workload("vit", "tiny"), Recipe(lr_warmup=5), steps=3, warmup=0)
+    assert any("lr_warmup=5 is as long as the run (3 steps)" in w for w in run.warnings)

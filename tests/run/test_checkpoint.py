@@ -109,3 +109,20 @@ def test_resume_takes_this_run_s_rate_into_the_device_rate(tmp_path):
         "BytesStorageMetadata"  # a number, not a tensor
     again = train(wl, base.replace(lr=2e-3), steps=2, warmup=0, resume_from=str(tmp_path / "c"))
     assert again.lrs == pytest.approx([2e-3, 2e-3])
+
+
+def test_resume_starts_a_warm_up_after_a_constant_rate_and_keeps_a_saved_one(tmp_path):
+    """From a checkpoint saved at a constant rate, the resumed run's warm-up starts where it
+    resumes (fine-tuning); a checkpoint saved with a warm-up continues it as saved, and a
+    different lr_warmup asked of the resumed run is warned about and not used."""
+    wl = load_workload("llama", "tiny")
+    base = Recipe(batch=4, lr=1e-3)
+    train(wl, base, steps=2, warmup=0, save_to=str(tmp_path / "c"))
+    tuned = train(wl, base.replace(lr_warmup=2), steps=3, warmup=0,
+                  resume_from=str(tmp_path / "c"))
+    assert tuned.lrs == pytest.approx([5e-4, 1e-3, 1e-3])
+    train(wl, base.replace(lr_warmup=4), steps=2, warmup=0, save_to=str(tmp_path / "d"))
+    other = train(wl, base.replace(lr_warmup=1), steps=2, warmup=0,
+                  resume_from=str(tmp_path / "d"))
+    assert other.lrs == pytest.approx([7.5e-4, 1e-3])  # steps 2 and 3 of the saved warm-up
+    assert any("lr_warmup=4" in w and "continues as saved" in w for w in other.warnings)

@@ -87,6 +87,9 @@ def _state(state: TrainState, h: named_state.Holder | None,
         masters = _masters(state)
         model_sd = {k: masters.get(k, v) for k, v in model_sd.items()}
         for group in optim_sd.get("param_groups", []):  # the state dict's own dicts
+            # the scheduler's own key: saved and loaded by neither side, so that a run with a
+            # schedule resumes from a checkpoint saved without one (load keeps this run's)
+            group.pop("initial_lr", None)
             if isinstance(group.get("lr"), torch.Tensor):
                 # a device rate (the one-launch AdamW's, a capturable AdamW's under a schedule)
                 # is saved, and loaded, as a number: any optimizer can resume from it, and a

@@ -56,7 +56,8 @@ FIELD_TECHNIQUE = {
     "prefetch_factor": "dataloader", "device_prefetch": "dataloader",
     "pad_multiple": "padding", "ema_decay": "ema", "checkpoint_every": "checkpointing",
     "compile_mode": "compile", "compile_backend": "compile", "compile_cache": "compile",
-    "optimizer_impl": "optimizer", "schedule": "optimizer", "offload": "optimizer",
+    "optimizer_impl": "optimizer", "schedule": "optimizer", "lr_warmup": "optimizer",
+    "offload": "optimizer",
 }
 """Recipe fields served by a technique of another name. A technique's name is its own field
 (``precision``, ``attention``, ``fp8``); switches that report on their own (``pdl``,

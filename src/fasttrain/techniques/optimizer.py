@@ -197,10 +197,12 @@ class Cosine:
     once it gets there), so a resumed run can continue the curve, or stretch it, from any
     position."""
 
-    def __init__(self, total: int, warmup: int = 0, decay: bool = True):
+    def __init__(self, total: int, warmup: int = 0, decay: bool = True, offset: int = 0):
         self.total, self.warmup, self.decay = max(int(total), 1), max(int(warmup), 0), decay
+        self.offset = int(offset)  # the step the schedule starts at (a resume that starts one)
 
     def __call__(self, step: int) -> float:
+        step -= self.offset
         if step < self.warmup:
             return (step + 1) / self.warmup
         if not self.decay:
@@ -219,37 +221,58 @@ def _schedule(state: TrainState) -> None:
         for group in inner.param_groups:
             group["initial_lr"] = float(group["lr"])
         factor = Cosine(state.total_steps, r.lr_warmup, decay=r.schedule == "cosine")
+        if state.total_steps and r.lr_warmup >= state.total_steps:
+            state.warn("optimizer", f"lr_warmup={r.lr_warmup} is as long as the run "
+                       f"({state.total_steps} steps): the rate never reaches lr"
+                       + (" and the cosine never starts" if factor.decay else ""))
         state.scheduler = torch.optim.lr_scheduler.LambdaLR(inner, factor)
         state.scheduler.base_lrs = [float(b) for b in state.scheduler.base_lrs]
 
 
 def schedule_record(scheduler) -> dict | None:
-    """What a checkpoint keeps of the schedule: its length and the next step's position."""
+    """What a checkpoint keeps of the schedule: its length, warm-up, decay and first step, and
+    the next step's position."""
     if scheduler is None:
         return None
-    return {"total": scheduler.lr_lambdas[0].total, "position": scheduler.last_epoch}
+    f = scheduler.lr_lambdas[0]
+    return {"total": f.total, "position": scheduler.last_epoch, "warmup": f.warmup,
+            "decay": f.decay, "offset": f.offset}
 
 
 def continue_schedule(state: TrainState, saved: dict | None, start: int) -> None:
     """A resumed run continues the checkpoint's schedule at ``start``: the saved run's length,
-    stretched to ``start`` + this run's steps when this run goes past its end (warned). The
-    optimizer's learning rates are set from the schedule, not taken from the checkpoint."""
+    warm-up and decay (a different warm-up or decay asked of this run is warned about and not
+    used), the length stretched to ``start`` + this run's steps when this run goes past its end
+    (warned). A checkpoint without a schedule (a constant rate) starts this run's schedule,
+    warm-up first, at ``start``. The optimizer's learning rates are set from the schedule, not
+    taken from the checkpoint."""
     sched = state.scheduler
     if sched is None:
         return
     if saved and "T_max" in saved:  # an older checkpoint: CosineAnnealingLR's state dict
         saved = {"total": saved["T_max"], "position": saved["last_epoch"]}
-    total = int(saved["total"]) if saved else start + state.total_steps
-    position = int(saved["position"]) if saved else start
-    cosine, end = sched.lr_lambdas[0], position + state.total_steps
+    cosine = sched.lr_lambdas[0]
+    if saved:
+        was = (int(saved.get("warmup", 0)), bool(saved.get("decay", True)))
+        if was != (cosine.warmup, cosine.decay):
+            state.warn("optimizer", f"resume: the checkpoint's schedule has lr_warmup={was[0]} "
+                       f"and {'cosine' if was[1] else 'constant'} decay; it continues as saved, "
+                       "not as this run's recipe asks")
+        cosine.warmup, cosine.decay = was
+        cosine.offset = int(saved.get("offset", 0))
+        total, position = int(saved["total"]), int(saved["position"])
+    else:  # a constant rate before: this run's schedule starts here
+        cosine.offset, total, position = start, state.total_steps, start
+    end = position + state.total_steps
     cosine.total = total
-    if end > total and cosine.decay:
+    if end > cosine.offset + total and cosine.decay:
         state.warn("optimizer", f"resume: the checkpoint's cosine schedule spans {total} steps "
                    f"and is at step {position}; this run's {state.total_steps} steps go past "
                    f"its end, so it is stretched to {end} steps from here on")
-        cosine.total = end
+        cosine.total = end - cosine.offset
     kind = "cosine schedule" if cosine.decay else "warm-up schedule"
-    state.note("optimizer", f"resume: {kind} at step {position} of {cosine.total}")
+    state.note("optimizer", f"resume: {kind} at step {position} of "
+               f"{cosine.offset + cosine.total}")
     sched.last_epoch = position
     sched._last_lr = [base * cosine(position) for base in sched.base_lrs]
     for group, lr in zip(sched.optimizer.param_groups, sched._last_lr):
