@@ -126,3 +126,21 @@ def test_resume_starts_a_warm_up_after_a_constant_rate_and_keeps_a_saved_one(tmp
                   resume_from=str(tmp_path / "d"))
     assert other.lrs == pytest.approx([7.5e-4, 1e-3])  # steps 2 and 3 of the saved warm-up
     assert any("lr_warmup=4" in w and "continues as saved" in w for w in other.warnings)
+
+
+def test_resume_under_another_adamw_implementation_continues_the_run(tmp_path):
+    """A checkpoint of the one-launch AdamW resumes under PyTorch's (and back): the settings
+    the saved optimizer's groups lack keep this run's values, and the losses continue the
+    straight run's (the same AdamW arithmetic)."""
+    wl = load_workload("llama", "tiny")
+    flat = Recipe(batch=4, optimizer_impl="triton")
+    straight = train(wl, flat, steps=4, warmup=0).losses
+    first = train(wl, flat, steps=2, warmup=0, save_to=str(tmp_path / "c")).losses
+    second = train(wl, flat.replace(optimizer_impl="foreach"), steps=2, warmup=0,
+                   resume_from=str(tmp_path / "c")).losses
+    torch.testing.assert_close(torch.tensor(first + second), torch.tensor(straight),
+                               rtol=1e-5, atol=0)
+    train(wl, flat.replace(optimizer_impl="foreach"), steps=2, warmup=0,
+          save_to=str(tmp_path / "d"))
+    back = train(wl, flat, steps=1, warmup=0, resume_from=str(tmp_path / "d"))
+    assert all(torch.isfinite(torch.tensor(back.losses))) and not back.warnings

@@ -324,12 +324,21 @@ def load(state: TrainState, folder: str | Path) -> int:
                              "master_weights that saved it")
     # loading a param group replaces its implementation flags and learning rate with the saved
     # run's: keep this run's flags (fused, foreach, capturable; or a resume under another
-    # optimizer_impl runs slower) and lr (this run's schedule sets it, below). A rate on the
-    # device stays the same tensor (a captured step reads it), with this run's value.
+    # optimizer_impl runs slower) and lr (this run's schedule sets it, below), and the settings
+    # the saved run's optimizer did not have (the one-launch AdamW's groups lack PyTorch
+    # AdamW's decoupled_weight_decay, say). A rate on the device stays the same tensor (a
+    # captured step reads it), with this run's value.
     kept_keys = ("fused", "foreach", "capturable", "initial_lr")
     kept = [{k: g[k] for k in kept_keys if k in g} for g in state.optimizer.param_groups]
     rates = [(g["lr"], float(g["lr"])) for g in state.optimizer.param_groups]
-    target = _state(state, h, _read_metadata(folder / DCP_META) if h else None)
+    dcp_meta = _read_metadata(folder / DCP_META)
+    target = _state(state, h, dcp_meta if h else None)
+    if h is None:  # another AdamW implementation: what its groups lack keeps this run's value
+        for i, (group, mine) in enumerate(zip(target["optim"].get("param_groups", []), kept)):
+            for key in [k for k in group if k != "params"]:
+                if f"optim.param_groups.{i}.{key}" not in dcp_meta.state_dict_metadata:
+                    mine[key] = state.optimizer.param_groups[i][key]
+                    del group[key]
     try:
         _dcp_load(target, folder, _SafePlanner())
     except (RuntimeError, KeyError, ValueError) as err:  # a checkpoint of another model
