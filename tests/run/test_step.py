@@ -188,3 +188,24 @@ def test_step_leaves_the_state_dict_loadable_into_the_plain_model():
     plain.load_state_dict(copy.deepcopy(model.state_dict()))
     x = _batches(1)[0][0]
     torch.testing.assert_close(plain(x), model(x))
+
+
+def test_step_runs_the_recipe_s_warm_up_and_cosine_and_leaves_your_optimizer_s_alone():
+    """A recipe with lr_warmup and schedule=cosine: the step advances the schedule once per
+    call (the rate after each call is the next step's); with your own optimizer the recipe's
+    schedule is off, and the step says so."""
+    batches = _batches(5)
+    step = fasttrain.Step(_model(), {**NO_COMPILE, "lr": 1e-3, "schedule": "cosine",
+                                     "lr_warmup": 2}, _loss, batches[0], total_steps=5)
+    after = []
+    for b in batches:
+        step(b)
+        after.append(float(step.optimizer.param_groups[0]["lr"]))
+    assert after == pytest.approx([1e-3, 1e-3, 7.5e-4, 2.5e-4, 0.0])
+    model = _model()
+    mine = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    kept = fasttrain.Step(model, mine, _loss, batches[0],
+                          recipe=Recipe(compile="none", schedule="cosine", lr_warmup=3))
+    assert "schedule and lr_warmup off" in str(kept)
+    kept(batches[0])
+    assert float(mine.param_groups[0]["lr"]) == pytest.approx(1e-3)
