@@ -399,14 +399,14 @@ def test_a_schedule_reaches_the_kernel_through_the_device_learning_rate(small_bl
     and the steps follow torch's AdamW under the same schedule; a rate set by hand as a number
     is taken at the next step and the tensor becomes the group's "lr" again, also after a
     state-dict load."""
-    from fasttrain.techniques.optimizer import Cosine
+    from fasttrain.techniques.optimizer import LrFactor
 
     ours, ref = _pair()
     opt = FlatAdamW(ours, lr=1e-2, weight_decay=0.1, max_grad_norm=1.0)
     torch_opt = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1, foreach=False)
     lr_tensor = opt.param_groups[0]["lr"]
     assert isinstance(lr_tensor, torch.Tensor) and lr_tensor.dtype == torch.float32
-    scheds = [torch.optim.lr_scheduler.LambdaLR(o, Cosine(5)) for o in (opt, torch_opt)]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, LrFactor(5)) for o in (opt, torch_opt)]
     seen = []
     for step in range(5):
         _set(ours, _grads(step))
@@ -418,7 +418,7 @@ def test_a_schedule_reaches_the_kernel_through_the_device_learning_rate(small_bl
             s.step()
         seen.append(float(opt.param_groups[0]["lr"]))
     assert opt.param_groups[0]["lr"] is lr_tensor  # written in place, never replaced
-    assert seen == pytest.approx([1e-2 * Cosine(5)(k) for k in range(1, 6)])
+    assert seen == pytest.approx([1e-2 * LrFactor(5)(k) for k in range(1, 6)])
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
 
@@ -451,19 +451,19 @@ def test_graphs_take_a_schedule_with_adamw_and_refuse_it_with_sgd():
 
 
 def test_the_schedule_factor_warms_up_then_decays_or_holds():
-    """Cosine(total, warmup): (k + 1) / warmup for the first steps, then half a cosine over the
+    """LrFactor(total, warmup): (k + 1) / warmup for the first steps, then half a cosine over the
     steps left (or 1 without decay); 0 past the end; a training run reports those rates."""
     from fasttrain.recipe import Recipe
     from fasttrain.run.loop import train
-    from fasttrain.techniques.optimizer import Cosine
+    from fasttrain.techniques.optimizer import LrFactor
     from fasttrain.workloads import load_workload
 
-    f = Cosine(6, warmup=2)
+    f = LrFactor(6, warmup=2)
     assert [f(k) for k in range(7)] == pytest.approx([0.5, 1.0, 1.0, 0.8535534, 0.5, 0.1464466,
                                                       0.0])
-    assert [Cosine(6, warmup=3, decay=False)(k) for k in (0, 2, 5, 9)] == pytest.approx(
+    assert [LrFactor(6, warmup=3, decay=False)(k) for k in (0, 2, 5, 9)] == pytest.approx(
         [1 / 3, 1.0, 1.0, 1.0])
-    assert [Cosine(4)(k) for k in (0, 2, 4)] == pytest.approx([1.0, 0.5, 0.0])  # as before
+    assert [LrFactor(4)(k) for k in (0, 2, 4)] == pytest.approx([1.0, 0.5, 0.0])  # as before
     run = train(load_workload("vit", "tiny"), Recipe(lr=1e-3, lr_warmup=2), steps=4, warmup=0)
     assert run.lrs == pytest.approx([5e-4, 1e-3, 1e-3, 1e-3])
     assert "constant, 2 warm-up steps" in run.applied["optimizer"]

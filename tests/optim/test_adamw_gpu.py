@@ -160,7 +160,7 @@ def test_a_cosine_schedule_reaches_the_replays_of_a_captured_step(impl):
     one-launch AdamW and for PyTorch's capturable fused AdamW as the recipe builds them, and
     not where a constant rate would have taken it."""
     from fasttrain.optim.adamw import FlatAdamW
-    from fasttrain.techniques.optimizer import Cosine, build
+    from fasttrain.techniques.optimizer import LrFactor, build
 
     torch.manual_seed(0)
     shapes = [(256, 256), (1280,), (77, 33)]
@@ -173,7 +173,8 @@ def test_a_cosine_schedule_reaches_the_replays_of_a_captured_step(impl):
         ws = [w.clone().requires_grad_() for w in init]
         opt = (FlatAdamW(ws, lr=1e-2, weight_decay=0.01, max_grad_norm=1.0) if impl == "triton"
                else build(ws, recipe, 1e-2, capturable=True))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, Cosine(len(grads))) if schedule else None
+        sched = (torch.optim.lr_scheduler.LambdaLR(opt, LrFactor(len(grads))) if schedule
+                 else None)
         src = [torch.zeros_like(w) for w in init]
 
         def step():

@@ -189,7 +189,7 @@ def _zero1(params, recipe, lr: float):
                                    weight_decay=recipe.weight_decay, **kw)
 
 
-class Cosine:
+class LrFactor:
     """The learning rate's factor at optimizer step ``step`` of a run of ``total`` steps: with
     ``warmup`` steps, a linear ramp first ((k + 1) / warmup at step k, so the first step already
     moves), then 1 → 0 along half a cosine over the steps left (``decay=False``: 1 from then
@@ -220,7 +220,7 @@ def _schedule(state: TrainState) -> None:
         inner = getattr(state.optimizer, "inner", state.optimizer)
         for group in inner.param_groups:
             group["initial_lr"] = float(group["lr"])
-        factor = Cosine(state.total_steps, r.lr_warmup, decay=r.schedule == "cosine")
+        factor = LrFactor(state.total_steps, r.lr_warmup, decay=r.schedule == "cosine")
         if state.total_steps and r.lr_warmup >= state.total_steps:
             state.warn("optimizer", f"lr_warmup={r.lr_warmup} is as long as the run "
                        f"({state.total_steps} steps): the rate never reaches lr"
@@ -251,30 +251,30 @@ def continue_schedule(state: TrainState, saved: dict | None, start: int) -> None
         return
     if saved and "T_max" in saved:  # an older checkpoint: CosineAnnealingLR's state dict
         saved = {"total": saved["T_max"], "position": saved["last_epoch"]}
-    cosine = sched.lr_lambdas[0]
+    factor = sched.lr_lambdas[0]
     if saved:
         was = (int(saved.get("warmup", 0)), bool(saved.get("decay", True)))
-        if was != (cosine.warmup, cosine.decay):
+        if was != (factor.warmup, factor.decay):
             state.warn("optimizer", f"resume: the checkpoint's schedule has lr_warmup={was[0]} "
                        f"and {'cosine' if was[1] else 'constant'} decay; it continues as saved, "
                        "not as this run's recipe asks")
-        cosine.warmup, cosine.decay = was
-        cosine.offset = int(saved.get("offset", 0))
+        factor.warmup, factor.decay = was
+        factor.offset = int(saved.get("offset", 0))
         total, position = int(saved["total"]), int(saved["position"])
     else:  # a constant rate before: this run's schedule starts here
-        cosine.offset, total, position = start, state.total_steps, start
+        factor.offset, total, position = start, state.total_steps, start
     end = position + state.total_steps
-    cosine.total = total
-    if end > cosine.offset + total and cosine.decay:
+    factor.total = total
+    if end > factor.offset + total and factor.decay:
         state.warn("optimizer", f"resume: the checkpoint's cosine schedule spans {total} steps "
                    f"and is at step {position}; this run's {state.total_steps} steps go past "
                    f"its end, so it is stretched to {end} steps from here on")
-        cosine.total = end - cosine.offset
-    kind = "cosine schedule" if cosine.decay else "warm-up schedule"
+        factor.total = end - factor.offset
+    kind = "cosine schedule" if factor.decay else "warm-up schedule"
     state.note("optimizer", f"resume: {kind} at step {position} of "
-               f"{cosine.offset + cosine.total}")
+               f"{factor.offset + factor.total}")
     sched.last_epoch = position
-    sched._last_lr = [base * cosine(position) for base in sched.base_lrs]
+    sched._last_lr = [base * factor(position) for base in sched.base_lrs]
     for group, lr in zip(sched.optimizer.param_groups, sched._last_lr):
         if isinstance(group["lr"], torch.Tensor):  # a device rate (CUDA graphs): in place
             group["lr"].fill_(float(lr))
