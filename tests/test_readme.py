@@ -12,7 +12,7 @@ from fasttrain.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-PLACEHOLDERS = ("my-model/", "ckpt/", "out/")  # a user's own files, named as examples
+PLACEHOLDERS = ("my-model/", "my-images/", "ckpt/", "out/")  # a user's own files, named as examples
 
 
 def commands() -> list[str]:

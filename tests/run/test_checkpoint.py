@@ -144,3 +144,10 @@ def test_resume_under_another_adamw_implementation_continues_the_run(tmp_path):
           save_to=str(tmp_path / "d"))
     back = train(wl, flat, steps=1, warmup=0, resume_from=str(tmp_path / "d"))
     assert all(torch.isfinite(torch.tensor(back.losses))) and not back.warnings
+
+
+def test_a_constant_rate_resume_of_a_scheduled_checkpoint_says_it_does_not_continue_it(tmp_path):
+    wl = load_workload("vit", "tiny")
+    train(wl, Recipe(batch=8, schedule="cosine"), steps=2, warmup=0, save_to=str(tmp_path / "c"))
+    run = train(wl, Recipe(batch=8), steps=1, warmup=0, resume_from=str(tmp_path / "c"))
+    assert any("schedule is not continued" in w for w in run.warnings), run.warnings

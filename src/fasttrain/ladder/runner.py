@@ -45,7 +45,7 @@ def _check(row: dict, rung: Rung, ref: dict | None, prev: dict | None, recipe: R
 
 def _base_out_of_memory(row: dict, recipe: Recipe) -> bool:
     """The fp32 base ran out of device memory with every activation kept (Llama-1B's math
-    attention at 4 x 2,048 tokens needs about 84 GB)."""
+    attention at 4 x 2,048 tokens needs about 84 GiB)."""
     return (recipe.precision == "fp32" and recipe.checkpointing == "none"
             and str(row.get("error") or "").startswith("out of memory"))
 

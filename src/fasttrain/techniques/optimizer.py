@@ -248,6 +248,10 @@ def continue_schedule(state: TrainState, saved: dict | None, start: int) -> None
     taken from the checkpoint."""
     sched = state.scheduler
     if sched is None:
+        if saved:  # this run asks for a constant rate, without a warm-up
+            state.warn("optimizer", "resume: the checkpoint's schedule is not continued: this "
+                       "run has a constant rate (set schedule and lr_warmup as saved to continue "
+                       "it)")
         return
     if saved and "T_max" in saved:  # an older checkpoint: CosineAnnealingLR's state dict
         saved = {"total": saved["T_max"], "position": saved["last_epoch"]}
