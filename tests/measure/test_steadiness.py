@@ -268,3 +268,23 @@ def test_train_rows_carry_their_spread(tmp_path):
     start = proc.stdout.index("{")
     row = json.loads(proc.stdout[start:proc.stdout.rindex("}") + 1])
     assert set(row["spread"]) == {"iqr_rel", "range_rel", "steady"}
+
+
+def test_an_unsteady_ratio_still_states_the_floor_no_scatter_can_move():
+    """ratio_floor: our slowest run against the peer at its fastest single step of any run
+    (Swin-B's peer on an H200 jumped between 36 and 57 ms steps): printed beside an unsteady
+    ratio as the bound that holds."""
+    def timed(rung, kind, median_s, fastest_s, iqr):
+        return {**_row(rung, 64 / median_s, kind, iqr), "step_time_s": median_s,
+                "step_time_min_s": fastest_s}
+
+    ours = [timed("fast", "ladder", 0.0201, 0.0196, 0.005),
+            timed("fast (repeat)", "ladder", 0.0200, 0.0196, 0.007)]
+    peer = [timed("peer", "peer", 0.0443, 0.0416, 0.07),
+            timed("peer (repeat)", "peer", 0.0451, 0.0360, 0.22)]
+    r = confirmed_ratio(ours, peer)
+    assert not r["steady"]
+    assert r["ratio_floor"] == pytest.approx((64 / 0.0201) / (64 / 0.0360))
+    assert r["ratio_floor"] < r["ratio"]
+    rows = [*ours, *peer, {"kind": "ratio", "rung": "fast", **r}]
+    assert "at least 1.79x however the runs scatter" in peer_summary(rows)

@@ -91,6 +91,13 @@ def needs_another(rows: list[dict]) -> bool:
     return sum(map(_usable, rows)) >= 2 and bool(_side(rows, "")[2])
 
 
+def _fastest_step_throughput(row: dict) -> float:
+    """The row's throughput at its single fastest step (its median's scaled by the step times),
+    or its throughput where it records no fastest step."""
+    t, fastest = row.get("step_time_s"), row.get("step_time_min_s")
+    return row["throughput"] * t / fastest if t and fastest else row["throughput"]
+
+
 def confirmed_ratio(ours: list[dict], peer: list[dict]) -> dict[str, Any] | None:
     """The ratio of two sides measured at least twice each (ours, peer, peer, ours, then a
     tie-breaker for a side that needs one): ``ours`` and ``peer`` are rows with
@@ -99,7 +106,9 @@ def confirmed_ratio(ours: list[dict], peer: list[dict]) -> dict[str, Any] | None
     Returns ``ratio`` (each side's best: the faster of its steady runs once two of them agree
     within ``REPEAT_TOLERANCE``, else its fastest run), ``ratio_mean`` (the means' ratio over
     all runs), the throughputs, how far each side's two fastest steady runs disagree, and
-    ``steady`` — both sides confirmed — with the ``reason`` when it is not."""
+    ``steady`` — both sides confirmed — with the ``reason`` when it is not. ``ratio_floor`` is
+    the bound that holds however the sides scatter: our slowest run against the peer at its
+    single fastest step of any run (a disturbance only ever slows a step down)."""
     ours = [r for r in ours if _usable(r)]
     peer = [r for r in peer if _usable(r)]
     if len(ours) < 2 or len(peer) < 2:
@@ -109,7 +118,9 @@ def confirmed_ratio(ours: list[dict], peer: list[dict]) -> dict[str, Any] | None
     best_a, dev_a, why_a = _side(ours, "fasttrain")
     best_b, dev_b, why_b = _side(peer, "the peer")
     reasons = why_a + why_b
+    floor = min(a) / max(_fastest_step_throughput(r) for r in peer)
     return {"ratio": best_a / best_b, "ratio_mean": (sum(a) / len(a)) / (sum(b) / len(b)),
+            "ratio_floor": floor,
             "ours_throughput": a, "peer_throughput": b,
             "repeat_disagreement": {"ours": dev_a, "peer": dev_b},
             "order": "ours, peer, peer, ours, then a third run of a side not yet confirmed",

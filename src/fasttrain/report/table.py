@@ -143,8 +143,11 @@ def peer_summary(rows: list[dict]) -> str | None:
                 f"{best['throughput'] / peer['throughput']:.2f}x the peer's "
                 f"{peer['throughput']:,.1f} (same run{note}); {memory}")
     a, b = confirmed["ours_throughput"], confirmed["peer_throughput"]
+    floor = confirmed.get("ratio_floor")
     verdict = "steady" if confirmed["steady"] else (
-        f"⚠ NOT STEADY: {confirmed['reason']}; measure again before quoting it")
+        f"⚠ NOT STEADY: {confirmed['reason']}; measure again before quoting it"
+        + (f"; at least {floor:.2f}x however the runs scatter (our slowest run against the "
+           "peer's fastest single step)" if floor else ""))
     return (f"best fasttrain rung '{best['rung']}': {max(a):,.1f} {unit} = "
             f"{confirmed['ratio']:.2f}x the peer's {max(b):,.1f} (the best of each side's runs "
             f"in one run, ours {_listing(a)}, the peer's {_listing(b)}: {verdict}); {memory}")
