@@ -201,6 +201,11 @@ class Recipe:
     def mixed(self) -> bool:
         return self.precision.endswith("-mixed")
 
+    @property
+    def scheduled(self) -> bool:
+        """Whether the learning rate moves during the run (a cosine, a warm-up or both)."""
+        return self.schedule != "constant" or self.lr_warmup > 0
+
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
@@ -229,7 +234,7 @@ def _validate_graphs(r: Recipe) -> None:
     if r.offload != "none" or (r.master_weights and r.precision != "bf16-mixed"):
         raise FasttrainError("recipe: cuda_graphs captures a device-only step; turn off "
                              "offload and (unless bf16-mixed) master_weights")
-    if (r.schedule != "constant" or r.lr_warmup) and r.optimizer != "adamw":
+    if r.scheduled and r.optimizer != "adamw":
         what = f"schedule={r.schedule}" if r.schedule != "constant" else \
             f"lr_warmup={r.lr_warmup}"
         raise FasttrainError(f"recipe: cuda_graphs with {what} needs optimizer=adamw, whose "

@@ -140,7 +140,7 @@ def _recipe(choice: Any, device: torch.device, model: nn.Module,
         recipe = dataclasses.replace(recipe, optimizer_impl="fused", master_weights=False)
         dropped.append("your optimizer is kept: optimizer_impl=triton and master_weights (which "
                        "need fasttrain's AdamW) off")
-    if own_optimizer and (recipe.schedule != "constant" or recipe.lr_warmup):
+    if own_optimizer and recipe.scheduled:
         recipe = dataclasses.replace(recipe, schedule="constant", lr_warmup=0)
         dropped.append("your optimizer is kept: the recipe's schedule and lr_warmup off (step "
                        "a scheduler of your own on it)")

@@ -35,7 +35,7 @@ def build(params, recipe, lr: float, capturable: bool = False) -> torch.optim.Op
     kw = {"foreach": impl == "foreach", "fused": (impl == "fused") or None}
     if recipe.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=recipe.weight_decay, **kw)
-    if capturable and (recipe.schedule != "constant" or recipe.lr_warmup):
+    if capturable and recipe.scheduled:
         lr = torch.tensor(float(lr), dtype=torch.float32, device=params[0].device)
     return torch.optim.AdamW(params, lr=lr, weight_decay=recipe.weight_decay,
                              capturable=capturable, **kw)
@@ -216,7 +216,7 @@ def _schedule(state: TrainState) -> None:
     numbers: where the group's "lr" is a device tensor (under CUDA graphs), the scheduler
     writes that tensor in place and must not scale a base that is the same tensor."""
     r = state.recipe
-    if r.schedule == "cosine" or r.lr_warmup:
+    if r.scheduled:
         inner = getattr(state.optimizer, "inner", state.optimizer)
         for group in inner.param_groups:
             group["initial_lr"] = float(group["lr"])
@@ -225,8 +225,7 @@ def _schedule(state: TrainState) -> None:
             state.warn("optimizer", f"lr_warmup={r.lr_warmup} is as long as the run "
                        f"({state.total_steps} steps): the rate never reaches lr"
                        + (" and the cosine never starts" if factor.decay else ""))
-        state.scheduler = torch.optim.lr_scheduler.LambdaLR(inner, factor)
-        state.scheduler.base_lrs = [float(b) for b in state.scheduler.base_lrs]
+        state.scheduler = torch.optim.lr_scheduler.LambdaLR(inner, factor)  # bases: initial_lr
 
 
 def schedule_record(scheduler) -> dict | None:
