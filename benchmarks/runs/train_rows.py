@@ -25,7 +25,8 @@ def main(folder: str) -> int:
         with open(out / f"train-{name}.jsonl", "a") as fh:  # hf:llama → train-hf_llama.jsonl
             fh.write(json.dumps(row) + "\n")
         r = row["recipe"]
-        print(row["workload"], r["optimizer_impl"], r["compile_mode"],
+        tag = f.stem.split("-", 2)[-1]  # run-N-TAG: the variant's name
+        print(tag, row["workload"], r["optimizer_impl"], f"state={r.get('optimizer_state')}", r["compile_mode"],
               f"kernels={r['kernels']}", f"stream={r.get('stream_dtype')}",
               f"gemm_pad={r.get('gemm_pad')}", row.get("options") or "",
               f"{row['throughput']:.1f} {row['throughput_unit']}",

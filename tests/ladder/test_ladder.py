@@ -174,6 +174,7 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     axes = {w: [label for label, _, _ in FastSearch(load_workload(w, "tiny"), Recipe()).axes]
             for w in ("vit", "sd", "llama", "swin")}
     assert axes["vit"] == ["graphs", "one-launch optimizer", "bf16 master weights",
+                           "bf16 moments",  # both on the one-launch AdamW
                            "kernels attention",  # self-attention from the qkv projection
                            "kernels patch", "kernels gelu",  # GEMM patches, MLP
                            "kernels layernorm",
@@ -183,15 +184,16 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                            "memsets as kernels"]  # and the captured graph's nodes
     launches = ["dependent launch", "combo kernels", "memsets as kernels"]
     assert axes["sd"] == ["graphs", "one-launch optimizer", "bf16 master weights",
-                          "kernels gelu", "kernels layernorm", "kernels groupnorm",
+                          "bf16 moments", "kernels gelu", "kernels layernorm", "kernels groupnorm",
                           "kernels conv",  # the frozen VAE's input convolution
                           "no NHWC", *launches]  # conv + GEGLU + transformer norms
-    assert axes["swin"] == ["graphs", "one-launch optimizer", "bf16 master weights", "math attention",
+    assert axes["swin"] == ["graphs", "one-launch optimizer", "bf16 master weights",
+                            "bf16 moments", "math attention",
                             "kernels window", "kernels patch", "kernels gelu", "kernels layernorm",
                             "bf16 stream", "autotuned reductions", *launches]
     # tiny llama has no layer of 2^24 weights, so fp8 is not tried; base has (the MLPs)
     assert axes["llama"] == ["graphs", "one-launch optimizer", "bf16 master weights",
-                             "kernels rmsnorm", "kernels rope", "kernels loss",  # fused layers
+                             "bf16 moments", "kernels rmsnorm", "kernels rope", "kernels loss",  # fused layers
                              "bf16 stream", "autotuned reductions", *launches]
     # several processes: master weights would be refused at run time, so they are not tried
     ddp = FastSearch(load_workload("vit", "tiny"), Recipe(), processes=2)
@@ -199,13 +201,14 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     assert ddp.drain_skipped() == [("bf16 master weights", "master_weights with bf16-mixed runs "
                                     "on one process, this ladder on 2")]
     big = [label for label, _, _ in FastSearch(load_workload("llama", "base"), Recipe()).axes]
-    assert big == ["graphs", "one-launch optimizer", "bf16 master weights", "fp8 large", "fp8",
+    assert big == ["graphs", "one-launch optimizer", "bf16 master weights", "bf16 moments",
+                   "fp8 large", "fp8",
                    "kernels rmsnorm", "kernels rope", "kernels loss", "bf16 stream",
                    "autotuned reductions", *launches]
     # an odd vocabulary (off a multiple of 8): the padded GEMM widths are tried
     odd = [label for label, _, _ in FastSearch(load_workload("llama", "tiny", vocab=509),
                                                Recipe()).axes]
-    assert odd == axes["llama"][:7] + ["GEMM widths padded"] + axes["llama"][7:]
+    assert odd == axes["llama"][:8] + ["GEMM widths padded"] + axes["llama"][8:]
     search = FastSearch(load_workload("sd", "tiny"), Recipe())
     search.axes.insert(1, ("fp8", "fp8", "linear"))
     search.axes.insert(2, ("fp8 large", "fp8", "large"))
@@ -227,14 +230,15 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
                              "parity": {"passed": False}}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + one-launch optimizer"
     assert (rec.cuda_graphs, rec.fp8, rec.optimizer_impl) == (True, "linear", "triton")
-    # it gained 0.4 %, under the margin: master weights (which need it) are not tried, the
-    # GEGLU kernels (family gelu) are, without it
+    # it gained 0.4 %, under the margin: master weights and bf16 moments (which need it) are
+    # not tried, the GEGLU kernels (family gelu) are, without it
     assert search.axes[0][1] == "master_weights"
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 13.05}, rec)
     assert rung.name == "fast: compile + graphs + fp8 + kernels gelu"
     assert (rec.kernels, rec.optimizer_impl) == ("gelu", "fused")
-    (label, why), = search.drain_skipped()
+    (label, why), (label2, why2) = search.drain_skipped()
     assert label == "bf16 master weights" and "set optimizer_impl=triton" in why
+    assert label2 == "bf16 moments" and "set optimizer_impl=triton" in why2
     assert search.drain_skipped() == []
     # they lost: the LayerNorm kernels are tried without them, then GroupNorm's
     rung, rec = search.next({**ok, "rung": rung.name, "throughput": 12.9}, rec)
@@ -299,8 +303,11 @@ def test_fast_search_tries_what_depends_on_the_model_greedily():
     assert rung.name == "fast: compile + graphs + one-launch optimizer + bf16 master weights"
     assert (rec.master_weights, rec.optimizer_impl, rec.cuda_graphs) == (True, "triton", True)
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 111.0}, rec)  # slower
-    assert (rung.name, rec.master_weights) == (
-        "fast: compile + graphs + one-launch optimizer + kernels rmsnorm", False)
+    assert (rung.name, rec.master_weights, rec.optimizer_state) == (
+        "fast: compile + graphs + one-launch optimizer + bf16 moments", False, "bf16")
+    rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 110.2}, rec)  # slower
+    assert (rung.name, rec.master_weights, rec.optimizer_state) == (
+        "fast: compile + graphs + one-launch optimizer + kernels rmsnorm", False, "fp32")
     llama = FastSearch(load_workload("llama", "tiny"), Recipe())
     rung, rec = llama.first()
     rung, rec = llama.next({**ok, "rung": rung.name, "throughput": 100.0}, rec)  # compile
@@ -329,8 +336,10 @@ def test_fast_preset_end_to_end_writes_the_winning_recipe(tmp_path):
     assert names[:4] == ["fp32", "fast: compile", "fast: compile + graphs",
                          "fast: compile + one-launch optimizer"]  # interpreted on the CPU
     # what follows builds on whichever of compile / compile + optimizer measured faster (with
-    # the optimizer, master weights are tried next)
-    kept = [n.removeprefix("fast: ") for n in names[4:8] if "master weights" not in n][:3]
+    # the optimizer, master weights and bf16 moments are tried next; without it, their rungs
+    # say they were not tried)
+    kept = [n.removeprefix("fast: ") for n in names[4:9]
+            if "master weights" not in n and "moments" not in n][:3]
     for opt in ("", " + one-launch optimizer"):
         if kept[0] == f"compile{opt} + kernels attention":
             assert kept[1] in (f"compile{opt} + kernels patch",

@@ -384,6 +384,55 @@ def test_matmul_weights_leave_out_weights_shared_with_other_layers():
     assert {id(p) for p in matmul_weights(mlp)} == {id(mlp.fc1.weight)}
 
 
+def test_an_embedding_that_feeds_a_bf16_stream_joins_the_bf16_weights():
+    """A tied embedding whose rows the model casts straight into its bf16 residual stream
+    (``stream_embeddings``): bf16 rows of a bf16 weight are those rows, so it is stored in
+    bf16 too; while the stream stays fp32 it is not."""
+    from fasttrain.techniques.optimizer import matmul_weights
+
+    class Carrier(torch.nn.Module):
+        stream_dtype = None
+
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.emb.weight
+
+        def stream_embeddings(self):
+            return [self.emb] if self.stream_dtype is not None else []
+
+    model = Carrier()
+    assert matmul_weights(model) == []
+    model.stream_dtype = torch.bfloat16
+    assert matmul_weights(model) == [model.emb.weight]
+
+
+@pytest.mark.parametrize("name", ["llama", "hf:llama"])
+def test_master_weights_on_a_bf16_stream_store_the_tied_embedding_in_bf16(name):
+    """Llama's tied embedding under master_weights with the bf16 stream: stored in bf16, the
+    first loss bit for bit autocast's; the gradients of its two uses are then summed in bf16
+    instead of fp32, so later losses agree to bf16 rounding, not bit for bit."""
+    pytest.importorskip("transformers") if name.startswith("hf:") else None
+    from fasttrain.recipe import Recipe
+    from fasttrain.run.loop import prepare, train
+    from fasttrain.workloads import load_workload
+
+    wl = load_workload(name, "tiny")
+    base = Recipe(precision="bf16-mixed", optimizer_impl="triton", lr=1e-3, stream_dtype="bf16",
+                  convert=name.startswith("hf:"))
+    plain = train(wl, base, steps=3, warmup=0, device="cpu")
+    ours = train(wl, base.replace(master_weights=True), steps=3, warmup=0, device="cpu")
+    assert "1 of them embedding weights whose rows go straight into the bf16 stream" in \
+        ours.applied["optimizer"]
+    assert ours.losses[0] == plain.losses[0]
+    assert ours.losses == pytest.approx(plain.losses, rel=1e-3)
+    state, _, _ = prepare(wl, base.replace(master_weights=True), torch.device("cpu"))
+    dtypes = {n: p.dtype for n, p in state.model.named_parameters()}
+    emb = [n for n in dtypes if n.endswith("embed_tokens.weight")]
+    assert len(emb) == 1 and dtypes[emb[0]] == torch.bfloat16
+
+
 def test_a_state_dict_without_masters_takes_the_weights_as_they_are(small_blocks):
     _, ours, masters, _ = _bf16_pair()
     opt = FlatAdamW(ours, lr=1e-2, masters=masters)

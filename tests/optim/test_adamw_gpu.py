@@ -225,3 +225,64 @@ def test_the_graphed_training_loop_follows_a_cosine_schedule(impl):
     assert graphed.lrs == pytest.approx(eager.lrs) and graphed.lrs[-1] < max(graphed.lrs)
     torch.testing.assert_close(torch.tensor(graphed.losses), torch.tensor(eager.losses),
                                rtol=2e-2, atol=0)
+
+
+@pytest.mark.gpu
+def test_bf16_moments_on_cuda_are_stochastically_rounded_and_replay_as_they_ran_eagerly():
+    """Compiled, the bf16 moments' stochastic rounding keeps a second moment decaying that
+    round-to-nearest would freeze, follows fp32 AdamW, and gives the same bits in a CUDA graph
+    as eagerly (the noise is a function of the element and the step)."""
+    from fasttrain.optim.adamw import FlatAdamW
+
+    w = torch.zeros(1 << 20, device="cuda", requires_grad=True)
+    opt = FlatAdamW([w], lr=0.0, weight_decay=0.0, state_dtype=torch.bfloat16)
+    w.grad = torch.ones_like(w)
+    opt.step()
+    v0 = opt.state[w]["exp_avg_sq"].float().mean().item()
+    w.grad = torch.zeros_like(w)
+    for _ in range(100):
+        opt.step()
+    torch.testing.assert_close(opt.state[w]["exp_avg_sq"].float().mean().item(),
+                               v0 * 0.999 ** 100, rtol=1e-3, atol=0)
+
+    torch.manual_seed(0)
+    init = [torch.randn(s, device="cuda") for s in ((4099, 33), (1280,), (77, 768))]
+    grads = [[torch.randn_like(x) for x in init] for _ in range(5)]
+
+    def run(graphed: bool):
+        ours = [x.clone().requires_grad_() for x in init]
+        o = FlatAdamW(ours, lr=1e-3, max_grad_norm=1.0, state_dtype=torch.bfloat16)
+        src = [torch.zeros_like(x) for x in init]
+
+        def step():
+            for p, g in zip(ours, src):
+                p.grad = g * 1.0
+            o.step()
+
+        torch._foreach_copy_(src, grads[0])
+        step()  # eager (compiles the kernel)
+        if not graphed:
+            for gs in grads[1:]:
+                torch._foreach_copy_(src, gs)
+                step()
+            return ours
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        for gs in grads[1:]:
+            torch._foreach_copy_(src, gs)
+            graph.replay()
+        return ours
+
+    eager, replayed = run(False), run(True)
+    ref = [x.clone().requires_grad_() for x in init]
+    torch_opt = torch.optim.AdamW(ref, lr=1e-3, fused=True)
+    for gs in grads:
+        for p, g in zip(ref, gs):
+            p.grad = g.clone()
+        torch.nn.utils.clip_grad_norm_(ref, 1.0)
+        torch_opt.step()
+    torch.cuda.synchronize()
+    for a, b, c in zip(eager, replayed, ref):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, c, rtol=0, atol=5 * 1e-3 * 0.02)

@@ -224,6 +224,12 @@ class HFModel(nn.Module):
 
     stream_dtype: torch.dtype | None = None
 
+    def stream_embeddings(self) -> list[nn.Module]:
+        """The embeddings whose output goes straight into the 16-bit residual stream (so a
+        16-bit copy of their weight gives the same rows): the token embedding, once
+        ``stream_dtype`` is set."""
+        return [self.embed_tokens] if self.stream_dtype is not None else []
+
     def forward(self, input_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *args: Any, **kwargs: Any):
         layers = list(self.layers[: self.config.num_hidden_layers])
@@ -237,7 +243,9 @@ class HFModel(nn.Module):
 
         x = self.embed_tokens(input_ids)  # (B, T, C)
         positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # (1, T)
-        pe = self.rotary_emb(x, positions)  # in the embeddings' dtype, as the library's
+        # the rotary tables in fp32, as the library's from fp32 embeddings (it reads only the
+        # dtype and device of its first argument): also where the embedding is stored in bf16
+        pe = self.rotary_emb(x.new_empty(0, dtype=torch.float32), positions)
         if self.stream_dtype is not None:
             x = x.to(self.stream_dtype)
         branch = None

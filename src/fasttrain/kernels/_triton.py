@@ -84,6 +84,28 @@ def to_bf16(x):
     return tl.where(x != x, 0x7FC0, bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
+@triton.jit
+def mix32(x):
+    """A uint32 hash of uint32 ``x`` (MurmurHash3's finaliser): every input bit flips about
+    half of the output bits, so consecutive inputs give unrelated outputs."""
+    x ^= x >> 16
+    x *= 0x85EBCA6B
+    x ^= x >> 13
+    x *= 0xC2B2AE35
+    x ^= x >> 16
+    return x
+
+
+@triton.jit
+def to_bf16_stochastic(x, noise):
+    """fp32 → bf16 rounded stochastically: up (away from zero) with probability equal to the
+    fraction of the way ``x`` lies to the next bf16 value, so the expectation is ``x`` itself.
+    ``noise`` is uniform in 0 … 65,535 (uint32): it is added to the 16 bits that bf16 drops,
+    and a carry out of them rounds up. Infinities stay, a NaN stays a NaN."""
+    bits = x.to(tl.uint32, bitcast=True) + noise
+    return tl.where(x != x, 0x7FC0, bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
 # ``rounded(v, dtype)``: fp32 v in ``dtype`` as torch's ``.to()`` rounds it. Compiled, Triton's
 # own cast; interpreted, bf16 through ``to_bf16`` (the interpreter's cast truncates).
 if INTERPRETED:

@@ -39,7 +39,8 @@ def grad_sumsq(table: torch.Tensor, n_tensors: int, norm_tensor: torch.Tensor,
                partials: torch.Tensor, origin: torch.Tensor, anchor: torch.Tensor,
                half: bool) -> torch.Tensor:
     """fp32 sums of squares of the gradients in ``table`` over ``NORM_LAUNCH``'s blocks, one
-    partial a program into ``partials`` (``programs(norm_tensor.numel())`` of them)."""
+    partial a program into ``partials`` (``programs(norm_tensor.numel())`` of them); fp32
+    gradients addressed from ``origin``, bf16 ones from ``anchor``."""
     chunks = norm_tensor.numel()
     _grad_sumsq[(partials.numel(),)](
         table, n_tensors, chunks, norm_tensor, norm_start, numel, increments, partials, origin,
@@ -57,19 +58,22 @@ def adamw_step(table: torch.Tensor, n_tensors: int, chunk_tensor: torch.Tensor,
                chunk_start: torch.Tensor, numel: torch.Tensor, offsets: torch.Tensor,
                steps: torch.Tensor, increments: torch.Tensor, exp_avg: torch.Tensor,
                exp_avg_sq: torch.Tensor, ema: torch.Tensor | None, coef: torch.Tensor | None,
-               master: torch.Tensor | None, anchor: torch.Tensor, lr: torch.Tensor,
-               betas: tuple[float, float], eps: float, weight_decay: float,
+               master: torch.Tensor | None, origin: torch.Tensor, anchor: torch.Tensor,
+               lr: torch.Tensor, betas: tuple[float, float], eps: float, weight_decay: float,
                ema_weight: float) -> None:
     """One launch over every block of every tensor (``chunk_tensor``/``chunk_start``): AdamW
     with the clip factor ``coef`` applied in registers, the EMA lerp and, with ``master``, the
-    bf16 weights written back from their fp32 masters. ``lr`` is a one-element fp32 device
+    bf16 weights written back from their fp32 masters. fp32 weights and gradients are
+    addressed from ``origin`` (an fp32 tensor), bf16 ones from ``anchor``. Moments in bf16
+    (``exp_avg``'s dtype) are rounded stochastically. ``lr`` is a one-element fp32 device
     tensor, read by the kernel at every launch (and every replay)."""
     beta1, beta2 = betas
-    dummy = exp_avg
+    dummy = origin
     _adamw_step[(chunk_tensor.numel(),)](
         table, n_tensors, chunk_tensor, chunk_start, numel, offsets, steps, increments, exp_avg,
         exp_avg_sq, ema if ema is not None else dummy, coef if coef is not None else dummy,
-        master if master is not None else dummy, anchor, lr, float(beta1), float(beta2),
-        math.log2(beta1), math.log2(beta2), float(eps), float(weight_decay), ema_weight,
-        HAS_CLIP=coef is not None, HAS_EMA=ema is not None, HALF=master is not None,
+        master if master is not None else dummy, origin, anchor, lr, float(beta1),
+        float(beta2), math.log2(beta1), math.log2(beta2), float(eps), float(weight_decay),
+        ema_weight, HAS_CLIP=coef is not None, HAS_EMA=ema is not None,
+        HALF=master is not None, STATE16=exp_avg.dtype == torch.bfloat16,
         BLOCK=LAUNCH["block"], num_warps=LAUNCH["warps"])

@@ -69,6 +69,9 @@ def fast_axes(workload: Workload) -> list[tuple[str, str, Any]]:
     # in its kernel: no per-step casts of the weights and their gradients (Swin-B +2.1%,
     # SD +3.9%, ViT-B +0.7%: train-master-weights-20261121-1849, -sd-20261121-1907)
     axes.append(("bf16 master weights", "master_weights", True))
+    # and (again only on the one-launch AdamW) its two moments in bf16, rounded stochastically:
+    # 8 of the 28 bytes a weight in the optimizer step; changes the numerics, so parity decides
+    axes.append(("bf16 moments", "optimizer_state", "bf16"))
     # float8 only pays on large layers (kernels-micro-fp8-20261121-0549: slower below 2^24
     # weights); where the model has some, all layers in fp8 are tried next, since compile
     # fuses the casts of the small ones into their neighbours (ladder-llama-base-...-060458).

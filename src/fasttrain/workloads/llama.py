@@ -146,6 +146,12 @@ class Llama(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(_init_weights)
 
+    def stream_embeddings(self) -> list[nn.Module]:
+        """The embeddings whose output goes straight into the 16-bit residual stream (so a
+        16-bit copy of their weight gives the same rows): the token embedding, once
+        ``stream_dtype`` is set."""
+        return [self.embed_tokens] if self.stream_dtype is not None else []
+
     def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids → (B, T, C) final hidden states (after the last norm)."""
         T = input_ids.shape[1]
