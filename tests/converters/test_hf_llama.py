@@ -174,7 +174,7 @@ def test_converted_plain_path_keeps_loss_logits_and_every_gradient(family, libra
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fused_paths_keep_loss_logits_and_every_gradient(family):
     """convert(kernels="fused") (Triton interpreted, fp32): RMSNorm ×5, SwiGLU ×2, RoPE ×2 and
-    the chunked loss ×1 switched on; the loss within 1e-4 relative, the logits and every
+    the fused loss ×1 switched on; the loss within 1e-4 relative, the logits and every
     gradient within 1e-4 of each tensor's largest magnitude."""
     model, ids = build(family)
     twin, report = converted(model, kernels="fused")
@@ -183,7 +183,7 @@ def test_fused_paths_keep_loss_logits_and_every_gradient(family):
         "RMSNorm (with the residual add before it) in Triton": 5,
         "SiLU(gate) · up in one Triton kernel": 2,
         "RoPE of q and k in one Triton kernel": 2,
-        "linear + cross-entropy in chunks of 2048 tokens": 1}
+        "linear + cross-entropy, the logits' gradient written by the loss's kernel": 1}
     assert twin.head_loss.fused and twin.model.layers[1].self_attn.rotary.fused
     assert_same(run(twin, ids), run(model, ids), FUSED_REL)
     assert_same(run(twin, ids, labels=False), run(model, ids, labels=False), FUSED_REL)
@@ -458,7 +458,7 @@ def test_convert_is_the_public_api_and_strict_says_why():
 def test_convert_keeps_the_training_losses_and_fused_kernels_stay_within_tf32():
     """Recipe(convert=True) trains hf:llama with the plain run's very losses and says what it
     converted; kernels=fused (interpreted) stays within tf32 tolerance and switches RMSNorm,
-    SwiGLU, RoPE and the chunked linear + cross-entropy on (the loss layer once)."""
+    SwiGLU, RoPE and the fused linear + cross-entropy on (the loss layer once)."""
     wl = load_workload("hf:llama", "tiny", seq_len=32)
     plain = train(wl, Recipe(batch=2), steps=2, warmup=0, device="cpu")
     conv = train(wl, Recipe(batch=2, convert=True), steps=2, warmup=0, device="cpu")
@@ -473,7 +473,7 @@ def test_convert_keeps_the_training_losses_and_fused_kernels_stay_within_tf32():
     assert "RMSNorm (with the residual add before it) in Triton ×5" in kernels
     assert "SiLU(gate) · up in one Triton kernel ×2" in kernels
     assert "RoPE of q and k in one Triton kernel ×2" in kernels
-    assert "linear + cross-entropy in chunks of 2048 tokens ×1" in kernels
+    assert "linear + cross-entropy, the logits' gradient written by the loss's kernel ×1" in kernels
     assert len(kernels) == 4
 
 
@@ -492,11 +492,11 @@ def test_bf16_stream_reaches_the_converted_model():
 
 
 def test_fused_kernels_without_convert_suggest_it():
-    """kernels=fused on hf:llama without convert switches only the chunked loss (the workload's
+    """kernels=fused on hf:llama without convert switches only the fused loss (the workload's
     own layer) and warns, suggesting convert=true."""
     res = train(load_workload("hf:llama", "tiny", seq_len=32), Recipe(batch=2, kernels="fused"),
                 steps=1, warmup=0, device="cpu")
-    assert res.applied["kernels"] == "linear + cross-entropy in chunks of 2048 tokens ×1"
+    assert res.applied["kernels"] == "linear + cross-entropy, the logits' gradient written by the loss's kernel ×1"
     assert [w for w in res.warnings if w.startswith("kernels: ") and "set convert=true" in w], \
         res.warnings
 

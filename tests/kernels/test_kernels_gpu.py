@@ -60,3 +60,39 @@ def test_llama_rms_norm_kernels_in_the_graphed_training_loop_keep_the_losses():
                              ("rmsnorm", "rmsnorm,rope"),
                              "RMSNorm (with the residual add before it) in Triton")
 
+
+
+@pytest.mark.gpu
+def test_fused_cross_entropy_compiled_on_cuda_matches_the_plain_path():
+    """The loss's Triton kernel compiled (fullgraph, inductor) under bf16 autocast at a large
+    vocabulary with a padded tail and ignored labels: the loss and both gradients against the
+    plain path."""
+    from fasttrain.kernels.cross_entropy import linear_cross_entropy_fused
+    from fasttrain.kernels.linear_cross_entropy import linear_cross_entropy_reference
+
+    torch.manual_seed(0)
+    h = torch.randn(2, 1000, 256, device="cuda", requires_grad=True)
+    w = (0.05 * torch.randn(32_064, 256, device="cuda")).requires_grad_()
+    y = torch.randint(0, 32_000, (2, 1000), device="cuda")
+    y[0, :50] = -100
+    results = []
+    for fn in (torch.compile(lambda h, w, y: linear_cross_entropy_fused(h, w, y, vocab=32_000),
+                             fullgraph=True),
+               lambda h, w, y: linear_cross_entropy_reference(h, w, y, vocab=32_000)):
+        h.grad = w.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fn(h, w, y)
+        (loss / 1950).backward()
+        results.append((loss.detach(), h.grad.clone(), w.grad.clone()))
+    (l1, h1, w1), (l2, h2, w2) = results
+    torch.testing.assert_close(l1, l2, rtol=1e-4, atol=0)
+    torch.testing.assert_close(h1, h2, rtol=2e-2, atol=2e-2 * h2.abs().max().item())
+    torch.testing.assert_close(w1, w2, rtol=2e-2, atol=2e-2 * w2.abs().max().item())
+    assert torch.equal(w1[32_000:], torch.zeros_like(w1[32_000:]))
+
+
+@pytest.mark.gpu
+def test_llama_fused_loss_in_the_graphed_training_loop_keeps_the_losses():
+    kernels_keep_the_losses("llama", Recipe(precision="bf16-mixed", optimizer_impl="fused",
+                                             compile="model", cuda_graphs=True),
+                             ("loss",), "linear + cross-entropy, the logits' gradient")

@@ -96,7 +96,7 @@ def test_nothing_to_pad_is_a_warning_and_a_bad_multiple_an_error():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fused_loss", [False, True], ids=["plain-loss", "chunked-loss"])
+@pytest.mark.parametrize("fused_loss", [False, True], ids=["plain-loss", "fused-loss"])
 def test_padded_gemm_widths_in_the_compiled_training_loop_keep_the_losses(fused_loss):
     wl = load_workload("llama", "tiny", vocab=509)
     base = Recipe(precision="bf16-mixed", optimizer_impl="fused", compile="model",

@@ -1,8 +1,10 @@
 """The language-model head and its loss: ``cross_entropy(hidden @ Wᵀ, labels)``, summed.
 
-Plain: full logits, then fp32 cross-entropy. Fused (the ``kernels=fused`` switch): chunks of
-tokens through ``kernels.linear_cross_entropy``, so the tokens × vocabulary logits never exist
-whole. The head's weight stays where it is (``lm_head``; tied to the embedding in Llama 3.2).
+Plain: full logits, then fp32 cross-entropy. Fused (the ``kernels=loss`` switch): the whole
+logits, whose gradient the loss's Triton kernel writes in the forward
+(``kernels.cross_entropy``); or, built with ``chunk=N``, chunks of N tokens through
+``kernels.linear_cross_entropy``, so the tokens × vocabulary logits never exist whole (less
+memory, more passes). The head's weight stays where it is (``lm_head``; tied to the embedding in Llama 3.2).
 With ``gemm_pad`` the vocabulary is padded to a multiple of N for the GEMMs (zero rows of the
 weight, added at every call; their logits masked out of the loss): an odd vocabulary (50,257)
 gives cuBLAS unaligned leading dimensions.
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.cross_entropy import linear_cross_entropy_fused
 from ..kernels.linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_reference
 from .fused import FusedPath
 
@@ -22,9 +25,10 @@ class LMHeadLoss(FusedPath, nn.Module):
 
     fused_kind = "loss"
 
-    def __init__(self, chunk: int = 2048, vocab: int | None = None):
+    def __init__(self, chunk: int = 0, vocab: int | None = None):
         super().__init__()
         self.chunk, self.fused, self.vocab = chunk, False, vocab
+        self.fused_triton = chunk == 0  # the whole-logits path is a Triton kernel
         self.pad_multiple = 0  # set by techniques/gemm_pad.py
 
     def gemm_widths(self) -> dict[str, int]:
@@ -37,7 +41,9 @@ class LMHeadLoss(FusedPath, nn.Module):
 
     def use_fused(self, on: bool) -> list[str]:
         self.fused = on
-        return [f"linear + cross-entropy in chunks of {self.chunk} tokens"]
+        if self.chunk:
+            return [f"linear + cross-entropy in chunks of {self.chunk} tokens"]
+        return ["linear + cross-entropy, the logits' gradient written by the loss's kernel"]
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor,
                 labels: torch.Tensor) -> torch.Tensor:
@@ -45,6 +51,8 @@ class LMHeadLoss(FusedPath, nn.Module):
         extra = -vocab % self.pad_multiple if self.pad_multiple else 0
         if extra:
             weight = F.pad(weight, (0, 0, 0, extra))  # (vocab + extra, C): zero rows
-        if self.fused:
+        if self.fused and self.chunk:
             return linear_cross_entropy(hidden, weight, labels, self.chunk, vocab=vocab)
+        if self.fused:
+            return linear_cross_entropy_fused(hidden, weight, labels, vocab=vocab)
         return linear_cross_entropy_reference(hidden, weight, labels, vocab=vocab)
