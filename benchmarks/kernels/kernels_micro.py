@@ -135,6 +135,7 @@ def _variant_rows(env: dict, kernel: str, variants: dict, args: tuple, shape: di
 
 
 def linear_ce_rows(env: dict) -> list[dict]:
+    from fasttrain.kernels.cross_entropy import linear_cross_entropy_fused
     from fasttrain.kernels.linear_cross_entropy import (linear_cross_entropy,
                                                         linear_cross_entropy_reference)
 
@@ -154,10 +155,35 @@ def linear_ce_rows(env: dict) -> list[dict]:
         torch._dynamo.reset()
         variants = {"eager reference": autocast(linear_cross_entropy_reference),
                     "compiled reference": torch.compile(autocast(linear_cross_entropy_reference)),
-                    "fused (chunks of 2048)": autocast(linear_cross_entropy)}
+                    "fused (chunks of 2048)": autocast(linear_cross_entropy),
+                    "compiled loss kernel": torch.compile(autocast(linear_cross_entropy_fused))}
         rows += _variant_rows(env, "linear_cross_entropy", variants, (h, w),
                               {"tokens": tokens, "dim": dim, "vocab": vocab},
                               "bf16 autocast, fp32 weight", ("tflops", flops))
+        if vocab == 128256 and dim == 2048:  # the loss kernel's launch settings, Llama-1B
+            rows += _ce_launch_rows(env, autocast(linear_cross_entropy_fused), (h, w),
+                                    {"tokens": tokens, "dim": dim, "vocab": vocab}, flops)
+    return rows
+
+
+CE_LAUNCHES = [(2048, 4), (8192, 8), (8192, 16), (16384, 16)]
+"""(columns a loop iteration, warps) tried for the loss kernel besides kernels/cross_entropy.py's
+LAUNCH."""
+
+
+def _ce_launch_rows(env: dict, fn, args: tuple, shape: dict, flops: float) -> list[dict]:
+    from fasttrain.kernels import cross_entropy
+
+    rows, default = [], dict(cross_entropy.LAUNCH)
+    try:
+        for block, warps in CE_LAUNCHES:
+            cross_entropy.LAUNCH.update(block=block, warps=warps)
+            torch._dynamo.reset()
+            rows += _variant_rows(env, "linear_cross_entropy",
+                                  {f"compiled loss kernel b{block} w{warps}": torch.compile(fn)},
+                                  args, shape, "bf16 autocast, fp32 weight", ("tflops", flops))
+    finally:
+        cross_entropy.LAUNCH.update(default)
     return rows
 
 

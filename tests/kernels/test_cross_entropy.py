@@ -120,3 +120,18 @@ def test_a_frozen_weight_gets_no_weight_gradient_gemm():
     with FlopCounterMode(display=False) as counter:
         linear_cross_entropy_fused(h, w, y).backward()
     assert counter.get_total_flops() == 2 * one  # the logits and the hidden states' gradient
+
+
+@pytest.mark.parametrize("dtype, width", [(torch.float32, 104), (torch.bfloat16, 104)])
+def test_the_gradient_of_an_odd_width_has_aligned_rows(dtype, width):
+    """101 columns: the gradient's rows start 16 bytes apart (so its GEMMs read aligned
+    leading dimensions), its values as a contiguous one's."""
+    logits = torch.randn(5, 101).to(dtype)
+    labels = torch.tensor([0, 3, -100, 100, 7])
+    loss, grad = torch.ops.fasttrain.ce_loss_grad(logits, labels, 101)
+    assert grad.shape == (5, 101) and grad.stride() == (width, 1)
+    want = torch.softmax(logits.float(), -1) - F.one_hot(labels.clamp(min=0), 101)
+    want[2] = 0
+    torch.testing.assert_close(grad.float(), want, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                               atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+    torch.testing.assert_close(loss, F.cross_entropy(logits.float(), labels, reduction="none"))
