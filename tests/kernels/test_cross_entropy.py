@@ -128,10 +128,24 @@ def test_the_gradient_of_an_odd_width_has_aligned_rows(dtype, width):
     leading dimensions), its values as a contiguous one's."""
     logits = torch.randn(5, 101).to(dtype)
     labels = torch.tensor([0, 3, -100, 100, 7])
-    loss, grad = torch.ops.fasttrain.ce_loss_grad(logits, labels, 101)
-    assert grad.shape == (5, 101) and grad.stride() == (width, 1)
+    loss, padded = torch.ops.fasttrain.ce_loss_grad(logits, labels, 101)
+    assert padded.shape == (5, width)  # the whole buffer; its first 101 columns the gradient
+    grad = padded[:, :101]
     want = torch.softmax(logits.float(), -1) - F.one_hot(labels.clamp(min=0), 101)
     want[2] = 0
     torch.testing.assert_close(grad.float(), want, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
                                atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
     torch.testing.assert_close(loss, F.cross_entropy(logits.float(), labels, reduction="none"))
+
+
+def test_a_label_outside_the_vocabulary_gives_a_nan_loss_and_no_gradient():
+    """A padded class (gemm_pad) or a stray id: the plain path asserts on the device; here the
+    row's loss is NaN, so the run's loss says so, and the row gets no gradient."""
+    logits = torch.randn(4, 16)
+    labels = torch.tensor([3, 12, -7, -100])  # 12 is padding past vocab=10; -7 is no label
+    loss, padded = torch.ops.fasttrain.ce_loss_grad(logits, labels, 10)
+    assert loss[0].isfinite() and loss[1].isnan() and loss[2].isnan() and loss[3] == 0
+    assert torch.equal(padded[1:], torch.zeros_like(padded[1:]))
+    h, w, y = _inputs(torch.float32)
+    y[1, 3] = 101  # one past the last class
+    assert linear_cross_entropy_fused(h, w, y).isnan()

@@ -117,7 +117,10 @@ def test_persistent_estimate_counts_optimizer_state_by_recipe():
     adam = persistent_estimate(FitSpec("llama", "tiny", Recipe()))
     sgd = persistent_estimate(FitSpec("llama", "tiny", Recipe(optimizer="sgd")))
     off = persistent_estimate(FitSpec("llama", "tiny", Recipe(offload="optimizer")))
+    bf16 = persistent_estimate(FitSpec("llama", "tiny", Recipe(optimizer_impl="triton",
+                                                               optimizer_state="bf16")))
     assert adam["optimizer_state"] == pytest.approx(2 * sgd["optimizer_state"])
+    assert bf16["optimizer_state"] == pytest.approx(sgd["optimizer_state"])  # 2 x 2 bytes
     assert off["optimizer_state"] == 0 and adam["parameters"] > 0
 
 

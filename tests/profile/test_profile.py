@@ -100,6 +100,8 @@ def _with(**changes):
     ("dtype_casts", _with(kernels__casts={"per_step": 277, "ms_per_step": 0.65, "share": 0.029}),
      FAST),
     ("graph_memsets", _with(kernels__memsets_per_step=265), FAST.replace(cuda_graphs=True)),
+    ("optimizer_moments", _with(kernels__share__optimizer=0.088),
+     FAST.replace(optimizer_impl="triton")),
 ])
 def test_gpu_rules_trigger_on_their_measurement_and_stay_quiet_on_a_clean_profile(rule, triggering, recipe):
     assert rule in _rules(triggering, recipe)
@@ -107,7 +109,19 @@ def test_gpu_rules_trigger_on_their_measurement_and_stay_quiet_on_a_clean_profil
 
 
 def test_every_rule_is_covered_above():
-    assert len(RULES) == 11
+    assert len(RULES) == 12
+
+
+def test_moments_rule_only_for_fp32_moments_of_the_one_launch_adamw():
+    p = _with(kernels__share__optimizer=0.088, kernels__gpu_ms_per_step={"optimizer": 11.8})
+    one_launch = FAST.replace(optimizer_impl="triton")
+    found = {f.rule: f for f in advise(p, one_launch)}["optimizer_moments"]
+    assert found.evidence.startswith("the one-launch AdamW 8.8% of GPU time (11.8 ms)")
+    assert found.gain == pytest.approx(0.088 * 8 / 28)
+    assert suggest_recipe(one_launch, [found]).optimizer_state == "bf16"
+    for r in (FAST, one_launch.replace(optimizer_state="bf16")):  # PyTorch's AdamW; done
+        assert "optimizer_moments" not in _rules(p, r)
+    assert "optimizer_moments" not in _rules(_with(kernels__share__optimizer=0.02), one_launch)
 
 
 def test_graph_memsets_rule_only_for_a_captured_step_without_the_switch():

@@ -17,6 +17,12 @@ from fasttrain.workloads import load_workload
                                     # optimizer state (the one-launch AdamW, interpreted)
                                     Recipe(batch=4, precision="bf16-mixed", ema="foreach",
                                            optimizer_impl="triton", master_weights=True),
+                                    # the tied embedding in bf16 too (bf16 stream), and bf16
+                                    # moments, whose rounding noise is a function of the
+                                    # element and the step: the resume draws the same noise
+                                    Recipe(batch=4, precision="bf16-mixed", stream_dtype="bf16",
+                                           optimizer_impl="triton", master_weights=True,
+                                           optimizer_state="bf16"),
                                     # the shadow optimizer: its fp32 copies and their AdamW
                                     # state, saved by the weights' names
                                     Recipe(batch=4, offload="optimizer"),
@@ -151,3 +157,29 @@ def test_a_constant_rate_resume_of_a_scheduled_checkpoint_says_it_does_not_conti
     train(wl, Recipe(batch=8, schedule="cosine"), steps=2, warmup=0, save_to=str(tmp_path / "c"))
     run = train(wl, Recipe(batch=8), steps=1, warmup=0, resume_from=str(tmp_path / "c"))
     assert any("schedule is not continued" in w for w in run.warnings), run.warnings
+
+
+@pytest.mark.parametrize("saved_stream, resumed_stream", [("auto", "bf16"), ("bf16", "auto")])
+def test_resume_across_the_embedding_s_storage_keeps_its_fp32_weights(tmp_path, saved_stream,
+                                                                      resumed_stream):
+    """master_weights stores Llama's tied embedding in bf16 (with an fp32 master) only with the
+    bf16 stream. Saved one way and resumed the other, the embedding's fp32 weights come back
+    exactly: as the master the checkpoint lacks (taken from its model entry, not from the
+    rounded weight), or as the fp32 weight itself."""
+    from fasttrain.run import checkpoint
+    from fasttrain.run.loop import prepare
+
+    wl = load_workload("llama", "tiny")
+    base = Recipe(batch=4, precision="bf16-mixed", optimizer_impl="triton", master_weights=True)
+    train(wl, base.replace(stream_dtype=saved_stream), steps=2, warmup=0,
+          save_to=str(tmp_path / "c"))
+    saved = checkpoint.model_weights(tmp_path / "c")["embed_tokens.weight"]
+    assert saved.dtype == torch.float32 and not torch.equal(saved, saved.bfloat16().float())
+    state, _, _ = prepare(wl, base.replace(stream_dtype=resumed_stream), torch.device("cpu"))
+    assert checkpoint.load(state, tmp_path / "c") == 2
+    emb = state.model.embed_tokens.weight
+    now = dict(zip(map(id, state.optimizer.params), state.optimizer.masters))[id(emb)]
+    assert torch.equal(now if now is not None else emb.detach(), saved)
+    second = train(wl, base.replace(stream_dtype=resumed_stream), steps=1, warmup=0,
+                   resume_from=str(tmp_path / "c")).losses
+    assert all(torch.isfinite(torch.tensor(second)))

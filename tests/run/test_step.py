@@ -175,9 +175,20 @@ def test_a_preset_by_name_and_a_recipe_object_are_accepted():
     assert step.recipe.lr == 1e-3
     from fasttrain.presets import presets
 
-    name = next(iter(presets()))
-    step = fasttrain.Step(_model(), name, _loss, _batches(1)[0])
-    assert step.recipe.cuda_graphs is False  # a CPU: the GPU switches are off, and said so
+    for name in presets():  # every preset, on a CPU: its GPU switches off, and said so
+        step = fasttrain.Step(_model(), name, _loss, _batches(1)[0])
+        assert step.recipe.cuda_graphs is False and step.recipe.optimizer_state == "fp32"
+
+
+def test_your_own_optimizer_turns_off_the_one_launch_adamw_s_switches():
+    from fasttrain.run.step import _recipe
+
+    recipe = Recipe(precision="bf16-mixed", optimizer_impl="triton", master_weights=True,
+                    optimizer_state="bf16")
+    got, dropped = _recipe(recipe, torch.device("cpu"), _model(), own_optimizer=True)
+    assert (got.optimizer_impl, got.master_weights, got.optimizer_state) == ("fused", False,
+                                                                              "fp32")
+    assert any("optimizer_state" in d for d in dropped)
 
 
 def test_step_leaves_the_state_dict_loadable_into_the_plain_model():

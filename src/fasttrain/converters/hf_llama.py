@@ -13,8 +13,8 @@ same structure): ``LlamaRMSNorm``, ``LlamaMLP``, ``LlamaAttention``, ``LlamaDeco
 - ``Model`` → the training forward without a cache or a padding mask: embeddings, RoPE tables,
   the layers as one chain, the residual stream in bf16 where ``stream_dtype`` asks.
 - ``ForCausalLM`` → with ``labels`` and no cache, the LM head and the shifted cross-entropy
-  through ``layers.loss.LMHeadLoss`` (``kernels=loss``: chunks of tokens, the logits never
-  whole); the output's ``logits`` are then None (call without labels for logits).
+  through ``layers.loss.LMHeadLoss`` (``kernels=loss``: the cross-entropy's kernel writes the logits' gradient in the
+  forward); the output's ``logits`` are then None (call without labels for logits).
 
 The model and the causal LM have no self-check of their own (it would copy the whole model):
 their fast paths run only the converted, self-checked layers, and only when every layer was

@@ -55,7 +55,12 @@ def persistent_estimate(spec: FitSpec) -> dict[str, float]:
     wbytes = 2 if r.precision == "bf16-true" or r.master_weights else 4
     params = sum(p.numel() for p in model.parameters())
     train = sum(p.numel() for p in wl.trainable(model).parameters() if p.requires_grad)
-    state = {"adamw": 2, "sgd": 1}[r.optimizer] * 4 * train
+    # bytes of one AdamW moment: 2 in bf16, where the one-launch AdamW keeps them (one
+    # process or DDP, not bf16-true's bf16 weights); PyTorch's AdamW, standing in elsewhere, 4
+    bf16_moments = (r.optimizer_state == "bf16" and r.sharding in ("auto", "none", "ddp")
+                    and r.precision != "bf16-true")
+    moment = 2 if bf16_moments else 4
+    state = {"adamw": 2 * moment, "sgd": 4}[r.optimizer] * train
     if r.master_weights:
         state += 4 * train
     if r.offload == "optimizer":

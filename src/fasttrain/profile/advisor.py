@@ -58,6 +58,30 @@ def optimizer_unfused(p: dict, r: Recipe) -> Finding | None:
                    f"{r.optimizer_impl} AdamW{extra}", {"optimizer_impl": "fused"}, share * 0.7)
 
 
+MOMENT_SHARE = 8 / 28
+"""What bf16 moments save of the one-launch AdamW's traffic: 8 of the 28 bytes a weight (an
+fp32 weight, or a bf16 one with its fp32 master, without EMA); on an H100 Llama-1B's 11.8 ms
+step lost 3.4 ms (train-hf_llama-moments-ab-20261127-h100)."""
+
+
+def optimizer_moments(p: dict, r: Recipe) -> Finding | None:
+    """The one-launch AdamW, fp32 moments, its kernels a visible share of the GPU's time: the
+    moments in bf16 (``optimizer_state=bf16``; it changes the numerics: the ladder's parity
+    gate decides)."""
+    if r.optimizer != "adamw" or r.optimizer_impl != "triton" or r.optimizer_state != "fp32":
+        return None
+    kernels = p.get("kernels", {})
+    share = kernels.get("share", {}).get("optimizer", 0.0)
+    if share < 0.03:
+        return None
+    ms = kernels.get("gpu_ms_per_step", {}).get("optimizer")
+    took = f" ({ms:.1f} ms)" if ms else ""
+    return Finding("optimizer_moments", f"the one-launch AdamW {share:.1%} of GPU time{took}, "
+                   "16 of its 28 bytes a weight the fp32 moments (bf16 moments round "
+                   "stochastically: the parity check decides)", {"optimizer_state": "bf16"},
+                   share * MOMENT_SHARE)
+
+
 def attention_math(p: dict, r: Recipe) -> Finding | None:
     line = p.get("attention", "")
     m = re.search(r"math x(\d+)", line)
@@ -165,7 +189,7 @@ def memory_growth(p: dict, r: Recipe) -> Finding | None:
 
 
 RULES: list[Callable[[dict, Recipe], Finding | None]] = [
-    data_wait, optimizer_unfused, attention_math, precision_fp32, ema_per_tensor, not_compiled,
+    data_wait, optimizer_unfused, optimizer_moments, attention_math, precision_fp32, ema_per_tensor, not_compiled,
     dtype_casts, launch_bound, graph_memsets, allocator_churn, memory_growth]
 
 

@@ -333,12 +333,14 @@ def load(state: TrainState, folder: str | Path) -> int:
     rates = [(g["lr"], float(g["lr"])) for g in state.optimizer.param_groups]
     dcp_meta = _read_metadata(folder / DCP_META)
     target = _state(state, h, dcp_meta if h else None)
+    unsaved = {}
     if h is None:  # another AdamW implementation: what its groups lack keeps this run's value
         for i, (group, mine) in enumerate(zip(target["optim"].get("param_groups", []), kept)):
             for key in [k for k in group if k != "params"]:
                 if f"optim.param_groups.{i}.{key}" not in dcp_meta.state_dict_metadata:
                     mine[key] = state.optimizer.param_groups[i][key]
                     del group[key]
+        unsaved = _unsaved_masters(target, dcp_meta)
     try:
         _dcp_load(target, folder, _SafePlanner())
     except (RuntimeError, KeyError, ValueError) as err:  # a checkpoint of another model
@@ -349,8 +351,12 @@ def load(state: TrainState, folder: str | Path) -> int:
         set_model_state_dict(state.model, target["model"])  # a shadow's fp32 copies, rounded
         named_state.restore(h, target[h.prefix])
     else:
+        loaded = {name: target["model"][name].detach().clone() for name in unsaved}
         set_state_dict(state.model, state.optimizer, model_state_dict=target["model"],
                        optim_state_dict=target["optim"])
+        with torch.no_grad():  # the fp32 values the model entries brought, not the rounded
+            for name, master in unsaved.items():  # weights the optimizer's load copied
+                master.copy_(loaded[name])
     for group, mine, (live, value) in zip(state.optimizer.param_groups, kept, rates):
         group.update(mine)
         if isinstance(live, torch.Tensor):
@@ -362,6 +368,20 @@ def load(state: TrainState, folder: str | Path) -> int:
     step = int(meta["step"])
     continue_schedule(state, meta.get("schedule") or meta.get("scheduler"), step)
     return step
+
+
+def _unsaved_masters(target: dict, dcp_meta) -> dict[str, torch.Tensor]:
+    """The fp32 masters this run keeps that the checkpoint has no optimizer entry for (an
+    embedding that feeds a bf16 residual stream has one under master_weights since fasttrain
+    stores it in bf16; a run saved before, or with stream_dtype=auto, kept it in fp32): taken
+    out of the target, by the model entry's name. The model entry itself, which holds the
+    master, still loads the saved fp32 weight into it."""
+    out = {}
+    for name, entry in target["optim"].get("state", {}).items():
+        if "master" in entry and f"optim.state.{name}.master" not in \
+                dcp_meta.state_dict_metadata and name in target["model"]:
+            out[name] = entry.pop("master")
+    return out
 
 
 def export(folder: str | Path, file: str | Path) -> Path:

@@ -137,9 +137,10 @@ def _recipe(choice: Any, device: torch.device, model: nn.Module,
                              "step); set accumulation=1")
     dropped = []
     if own_optimizer and (recipe.optimizer_impl == "triton" or recipe.master_weights):
-        recipe = dataclasses.replace(recipe, optimizer_impl="fused", master_weights=False)
-        dropped.append("your optimizer is kept: optimizer_impl=triton and master_weights (which "
-                       "need fasttrain's AdamW) off")
+        recipe = dataclasses.replace(recipe, optimizer_impl="fused", master_weights=False,
+                                     optimizer_state="fp32")
+        dropped.append("your optimizer is kept: optimizer_impl=triton, master_weights and "
+                       "optimizer_state (which need fasttrain's AdamW) off")
     if own_optimizer and recipe.scheduled:
         recipe = dataclasses.replace(recipe, schedule="constant", lr_warmup=0)
         dropped.append("your optimizer is kept: the recipe's schedule and lr_warmup off (step "
@@ -150,11 +151,13 @@ def _recipe(choice: Any, device: torch.device, model: nn.Module,
                "ema": "auto", "pdl": False}
         changes = {k: v for k, v in off.items() if k in cuda_only}
         if recipe.optimizer_impl == "triton":
-            changes.update(optimizer_impl="fused", master_weights=False)
+            changes.update(optimizer_impl="fused", master_weights=False, optimizer_state="fp32")
         if recipe.precision in ("bf16-mixed", "fp16-mixed"):
             changes.update(precision="fp32", master_weights=False)
             if recipe.stream_dtype != "auto":
                 changes["stream_dtype"] = "auto"
+            if recipe.fp8 != "none":  # float8 matmuls need a 16-bit precision
+                changes["fp8"] = "none"
         if changes:
             recipe = dataclasses.replace(recipe, **changes)
             dropped.append(f"on {device.type}: {', '.join(sorted(changes))} off (GPU switches)")
