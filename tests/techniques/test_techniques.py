@@ -309,7 +309,8 @@ def test_fused_kernels_keep_the_llama_losses_and_say_what_they_fused():
     plain = train(wl, Recipe(), steps=2, warmup=0, device="cpu")
     fused = train(wl, Recipe(kernels="fused"), steps=2, warmup=0, device="cpu")
     assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
-    for what in ("linear + cross-entropy in chunks", "SiLU(gate) · up", "RoPE of q and k",
+    for what in ("linear + cross-entropy, the logits' gradient written by the loss's kernel",
+                 "SiLU(gate) · up", "RoPE of q and k",
                  "RMSNorm (with the residual add before it) in Triton ×5"):  # 2 a block + final
         assert what in fused.applied["kernels"]
     only = train(wl, Recipe(kernels="rope,patch"), steps=1, warmup=0, device="cpu")
@@ -452,3 +453,25 @@ def test_a_layer_with_use_fused_but_not_the_protocol_is_named_and_left_alone():
     assert res.applied["kernels"] == "switched ×1"
     assert any(w.startswith("kernels: OldStyle offer use_fused but not the rest")
                for w in res.warnings), res.warnings
+
+
+def test_compile_stats_say_why_the_graph_broke():
+    """A graph break inside a compiled function: the run's compile stats count it and keep its
+    reason (a break in a repeated block costs every block; its reason says where)."""
+    from fasttrain.techniques.compile import graph_stats
+
+    def broken(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    torch._dynamo.reset()
+    before = graph_stats()
+    fn = torch.compile(broken, backend="eager")
+    fn(torch.ones(3))
+    stats = graph_stats(before)
+    assert stats["graph_breaks"] >= 1
+    assert stats["break_reasons"] and all(n >= 1 for n in stats["break_reasons"].values())
+    assert any("graph_break" in r.lower() or "break" in r.lower() for r in stats["break_reasons"])
+    fn(torch.ones(3))  # the same graphs again: no new break
+    assert graph_stats(graph_stats())["break_reasons"] == {}

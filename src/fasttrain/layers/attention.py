@@ -83,11 +83,21 @@ def native_gqa(q: torch.Tensor) -> bool:
     CPU and CUDA's flash and math kernels accept it; CUDA's memory-efficient kernel rejects
     unequal head counts ("No available kernel" under sdpa_kernel, torch 2.11 on an H200) and
     cuDNN's support varies by version, so where flash cannot run the KV heads are expanded with
-    repeat_interleave instead. Dynamo treats ``flash_sdp_enabled()`` as a constant.
+    repeat_interleave instead.
     """
     if q.device.type != "cuda":
         return True
-    return torch.backends.cuda.flash_sdp_enabled() and q.dtype in (torch.float16, torch.bfloat16)
+    return flash_enabled() and q.dtype in (torch.float16, torch.bfloat16)
+
+
+def flash_enabled() -> bool:
+    """``torch.backends.cuda.flash_sdp_enabled()``, read through the C function that Dynamo
+    folds to a constant. The public wrapper is not on Dynamo's list of constant-folded
+    functions in every version: where it is not, it returns a non-tensor from a traced call
+    and breaks the graph, in every attention layer of a compiled model (and at each break,
+    AOTAutograd makes the gradients that cross it contiguous: copies of q's, k's, v's and the
+    output's gradients in every layer's backward)."""
+    return torch._C._get_flash_sdp_enabled()
 
 
 def causal_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

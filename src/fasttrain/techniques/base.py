@@ -84,7 +84,7 @@ class TrainState:
     zero1: bool = False  # the optimizer is wrapped in ZeroRedundancyOptimizer
     no_sync: Callable[[], ContextManager] | None = None  # skip gradient reduction (accumulation)
     compile_baseline: dict[str, int] = field(default_factory=dict)  # dynamo counters before
-    compile_stats: dict[str, int] | None = None  # this run's graphs, breaks, recompiles
+    compile_stats: dict | None = None  # this run's graphs, breaks (and why), recompiles
     step_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
     optimizer: torch.optim.Optimizer | None = None
     scheduler: Any = None  # torch.optim.lr_scheduler, stepped after every optimizer step

@@ -146,8 +146,15 @@ def save_cache(state: TrainState) -> str | None:
     return f"compile cache: {_entries(info)} entries ({len(data) / 1e6:.1f} MB) saved to {path}"
 
 
-def graph_stats(since: dict[str, int] | None = None) -> dict[str, int]:
-    """Dynamo's counters: graphs compiled, graph breaks, recompiles — since ``since``."""
+BREAK_REASONS = 8
+"""How many graph-break reasons a run's row keeps (the most frequent, each cut to 240
+characters): a break in a repeated block costs every block, and its reason says where."""
+
+
+def graph_stats(since: dict | None = None) -> dict:
+    """Dynamo's counters: graphs compiled, graph breaks, recompiles — since ``since`` — and
+    ``break_reasons``: the breaks' reasons with their counts (the most frequent
+    ``BREAK_REASONS``)."""
     from torch._dynamo.utils import counters
 
     limit = ("recompile limit", "recompile_limit", "cache_size_limit", "cache size limit")
@@ -158,7 +165,16 @@ def graph_stats(since: dict[str, int] | None = None) -> dict[str, int]:
            # a function that kept changing shape until dynamo gave up: the rest ran eager
            "recompile_limit_hits": int(sum(n for reason, n in counters["unimplemented"].items()
                                            if any(k in reason.lower() for k in limit)))}
-    return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
+    out: dict = {k: v - (since or {}).get(k, 0) for k, v in now.items()}
+    before = (since or {}).get("break_reasons", {})
+    reasons: dict[str, int] = {}
+    for reason, n in counters["graph_break"].items():
+        key = str(reason)[:240]
+        reasons[key] = reasons.get(key, 0) + int(n)
+    grown = {r: n - before.get(r, 0) for r, n in reasons.items() if n > before.get(r, 0)}
+    out["break_reasons"] = dict(sorted(grown.items(), key=lambda kv: -kv[1])[:BREAK_REASONS]) \
+        if since is not None else reasons
+    return out
 
 
 def limit_warning(stats: dict[str, int] | None) -> str | None:
