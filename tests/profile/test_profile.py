@@ -102,6 +102,7 @@ def _with(**changes):
     ("graph_memsets", _with(kernels__memsets_per_step=265), FAST.replace(cuda_graphs=True)),
     ("optimizer_moments", _with(kernels__share__optimizer=0.088),
      FAST.replace(optimizer_impl="triton")),
+    ("graph_breaks", {**BASE, "compile": {"graph_breaks": 8, "unique_graphs": 10}}, FAST),
 ])
 def test_gpu_rules_trigger_on_their_measurement_and_stay_quiet_on_a_clean_profile(rule, triggering, recipe):
     assert rule in _rules(triggering, recipe)
@@ -109,7 +110,18 @@ def test_gpu_rules_trigger_on_their_measurement_and_stay_quiet_on_a_clean_profil
 
 
 def test_every_rule_is_covered_above():
-    assert len(RULES) == 12
+    assert len(RULES) == 13
+
+
+def test_graph_breaks_rule_cites_the_most_frequent_reason():
+    p = {**BASE, "compile": {"graph_breaks": 8, "unique_graphs": 10, "break_reasons": {
+        "torch.* op returned non-Tensor\n  Explanation: ...": 16, "other": 2}}}
+    found = {f.rule: f for f in advise(p, FAST)}["graph_breaks"]
+    assert found.evidence == ("8 graph breaks, 10 graphs under compile=model; the most "
+                              "frequent (16x): torch.* op returned non-Tensor")
+    assert found.switch == {} and found.gain == 0.0
+    assert "graph_breaks" not in _rules(p, FAST.replace(compile="none"))
+    assert "graph_breaks" not in _rules({**BASE, "compile": {"graph_breaks": 0}}, FAST)
 
 
 def test_moments_rule_only_for_fp32_moments_of_the_one_launch_adamw():

@@ -188,9 +188,24 @@ def memory_growth(p: dict, r: Recipe) -> Finding | None:
                    "alive across steps: losses or graphs held in Python?)", {}, 0.0)
 
 
+def graph_breaks(p: dict, r: Recipe) -> Finding | None:
+    """Graph breaks under compile: no switch fixes them (the model's code does), but where they
+    are matters: a break in a repeated block costs every block, and the gradients crossing it
+    are made contiguous (copies in the backward). The most frequent reason, cited."""
+    c = p.get("compile") or {}
+    n = c.get("graph_breaks", 0)
+    if r.compile == "none" or not n:
+        return None
+    reasons = c.get("break_reasons") or {}
+    top = max(reasons.items(), key=lambda kv: kv[1], default=None)
+    why = f"; the most frequent ({top[1]}x): {top[0].splitlines()[0][:160]}" if top else ""
+    return Finding("graph_breaks", f"{n} graph breaks, {c.get('unique_graphs', 0)} graphs "
+                   f"under compile={r.compile}{why}", {}, 0.0)
+
+
 RULES: list[Callable[[dict, Recipe], Finding | None]] = [
     data_wait, optimizer_unfused, optimizer_moments, attention_math, precision_fp32, ema_per_tensor, not_compiled,
-    dtype_casts, launch_bound, graph_memsets, allocator_churn, memory_growth]
+    dtype_casts, launch_bound, graph_memsets, allocator_churn, memory_growth, graph_breaks]
 
 
 def advise(profile: dict, recipe: Recipe) -> list[Finding]:
