@@ -15,7 +15,7 @@ masters: the forward's casts of the weights and the backward's casts of their gr
 the same bf16 weights, the optimizer the same gradient values.
 ``optimizer_state=bf16`` keeps the one-launch AdamW's two moments in bf16, rounded
 stochastically: 8 of the 28 bytes of traffic a weight in the step (Llama-1B's step on an H100
-lost 3.4 of its ~12 ms of optimizer), 4 bytes less memory.
+step lost 3.4 ms, the 8/28 of its ~12 ms of optimizer), 4 bytes less memory.
 Numerics: fused/foreach/for-loop/triton differ only in rounding order; SGD and schedules change
 the training (they are recipe choices, not speed-ups); bf16 moments add unbiased rounding noise
 to the moments, ~4% (std) on the second one, ~2% on the update (the parity gate checks the
