@@ -11,6 +11,7 @@ import difflib
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from .errors import FasttrainError
@@ -260,6 +261,13 @@ def _validate_graphs(r: Recipe) -> None:
     if r.compile_mode in ("reduce-overhead", "max-autotune"):
         raise FasttrainError(f"recipe: cuda_graphs with compile_mode={r.compile_mode} would "
                              "capture graphs twice; use default or max-autotune-no-cudagraphs")
+
+
+PYTORCH_ADAMW = MappingProxyType({"optimizer_impl": "fused", "master_weights": False,
+                                   "optimizer_state": "fp32"})
+"""The switches that hand AdamW to PyTorch's fused one: the one-launch AdamW off, and with it
+what only fasttrain's optimizers keep (master weights, bf16 moments). For the places that must
+fall back (a device or a user's own optimizer the one-launch AdamW cannot serve)."""
 
 
 def _validate_optimizer(r: Recipe) -> None:

@@ -9,6 +9,43 @@ from fasttrain.run.loop import train
 from fasttrain.workloads import load_workload
 
 
+def _optimizer_steps(params, opt, grads, graphed: bool, after=None) -> None:
+    """Step ``opt`` once per entry of ``grads`` (a list of gradients a step), each step's
+    gradients copied into static tensors and handed to ``params`` as fresh tensors, as a graphed
+    training step's backward does. ``graphed``: the first step eagerly on a side stream (the
+    kernel compiles there), the rest as replays of one captured step. ``after()`` runs after
+    every step (a scheduler's)."""
+    src = [torch.zeros_like(p) for p in params]  # a graph's input: this step's gradients
+
+    def step():
+        for p, g in zip(params, src):  # "backward": a fresh gradient tensor every step
+            p.grad = g * 1.0
+        opt.step()
+
+    graph = None
+    for k, gs in enumerate(grads):
+        torch._foreach_copy_(src, gs)
+        if not graphed:
+            step()
+        elif k == 0:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            if graph is None:
+                for p in params:
+                    p.grad = None
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    step()
+            graph.replay()
+        if after is not None:
+            after()
+    torch.cuda.synchronize()
+
+
 @pytest.mark.gpu
 def test_one_launch_adamw_on_cuda_matches_torch_eager_and_in_a_cuda_graph():
     """FlatAdamW (clip + AdamW + EMA in one launch) against PyTorch's fused AdamW, clip and
@@ -26,32 +63,7 @@ def test_one_launch_adamw_on_cuda_matches_torch_eager_and_in_a_cuda_graph():
         ours = [w.clone().requires_grad_() for w in init]
         opt = FlatAdamW(ours, lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
         shadow = opt.attach_ema(0.99)
-        src = [torch.zeros_like(w) for w in init]  # a graph's input: this step's gradients
-
-        def step():
-            for w, g in zip(ours, src):  # "backward": a fresh gradient tensor every step
-                w.grad = g * 1.0
-            opt.step()
-
-        if not graphed:
-            for gs in grads:
-                torch._foreach_copy_(src, gs)
-                step()
-            return ours, shadow, opt
-        torch._foreach_copy_(src, grads[0])
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()  # eager warm-up step (the kernel compiles here)
-        torch.cuda.current_stream().wait_stream(side)
-        for w in ours:
-            w.grad = None
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        for gs in grads[1:]:
-            torch._foreach_copy_(src, gs)
-            graph.replay()
+        _optimizer_steps(ours, opt, grads, graphed)
         return ours, shadow, opt
 
     ref = [w.clone().requires_grad_() for w in init]
@@ -175,33 +187,7 @@ def test_a_cosine_schedule_reaches_the_replays_of_a_captured_step(impl):
                else build(ws, recipe, 1e-2, capturable=True))
         sched = (torch.optim.lr_scheduler.LambdaLR(opt, LrFactor(len(grads))) if schedule
                  else None)
-        src = [torch.zeros_like(w) for w in init]
-
-        def step():
-            for w, g in zip(ws, src):
-                w.grad = g * 1.0
-            opt.step()
-
-        graph = None
-        for k, gs in enumerate(grads):
-            torch._foreach_copy_(src, gs)
-            if not graphed or k == 0:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    step()
-                torch.cuda.current_stream().wait_stream(side)
-            else:
-                if graph is None:
-                    for w in ws:
-                        w.grad = None
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        step()
-                graph.replay()
-            if sched is not None:
-                sched.step()
-        torch.cuda.synchronize()
+        _optimizer_steps(ws, opt, grads, graphed, sched.step if sched is not None else None)
         return ws
 
     eager, graphed, constant = run(False), run(True), run(True, schedule=False)
@@ -252,26 +238,7 @@ def test_bf16_moments_on_cuda_are_stochastically_rounded_and_replay_as_they_ran_
     def run(graphed: bool):
         ours = [x.clone().requires_grad_() for x in init]
         o = FlatAdamW(ours, lr=1e-3, max_grad_norm=1.0, state_dtype=torch.bfloat16)
-        src = [torch.zeros_like(x) for x in init]
-
-        def step():
-            for p, g in zip(ours, src):
-                p.grad = g * 1.0
-            o.step()
-
-        torch._foreach_copy_(src, grads[0])
-        step()  # eager (compiles the kernel)
-        if not graphed:
-            for gs in grads[1:]:
-                torch._foreach_copy_(src, gs)
-                step()
-            return ours
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        for gs in grads[1:]:
-            torch._foreach_copy_(src, gs)
-            graph.replay()
+        _optimizer_steps(ours, o, grads, graphed)
         return ours
 
     eager, replayed = run(False), run(True)

@@ -13,8 +13,9 @@ same structure): ``LlamaRMSNorm``, ``LlamaMLP``, ``LlamaAttention``, ``LlamaDeco
 - ``Model`` → the training forward without a cache or a padding mask: embeddings, RoPE tables,
   the layers as one chain, the residual stream in bf16 where ``stream_dtype`` asks.
 - ``ForCausalLM`` → with ``labels`` and no cache, the LM head and the shifted cross-entropy
-  through ``layers.loss.LMHeadLoss`` (``kernels=loss``: the cross-entropy's kernel writes the logits' gradient in the
-  forward); the output's ``logits`` are then None (call without labels for logits).
+  through ``layers.loss.LMHeadLoss`` (``kernels=loss``: the cross-entropy's kernel writes the
+  logits' gradient in the forward); the output's ``logits`` are then None (call without labels
+  for logits).
 
 The model and the causal LM have no self-check of their own (it would copy the whole model):
 their fast paths run only the converted, self-checked layers, and only when every layer was
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import causal_gqa_attention
+from ..layers.fused import TokenEmbeddingStream
 from ..layers.linear import linear
 from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
@@ -217,18 +219,12 @@ def decoder_layer_sample(m: nn.Module, gen: torch.Generator) -> tuple[tuple, dic
 
 # ----------------------------------------------------------------------------- Model
 
-class HFModel(nn.Module):
+class HFModel(TokenEmbeddingStream, nn.Module):
     """The decoder stack's training forward (no cache, no padding mask, positions 0..T-1) as one
     chain of converted layers, the stream in ``stream_dtype`` where set; anything else goes to
     the library's forward."""
 
     stream_dtype: torch.dtype | None = None
-
-    def stream_embeddings(self) -> list[nn.Module]:
-        """The embeddings whose output goes straight into the 16-bit residual stream (so a
-        16-bit copy of their weight gives the same rows): the token embedding, once
-        ``stream_dtype`` is set."""
-        return [self.embed_tokens] if self.stream_dtype is not None else []
 
     def forward(self, input_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *args: Any, **kwargs: Any):

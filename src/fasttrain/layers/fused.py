@@ -52,6 +52,16 @@ class StreamCarrier(Protocol):
     stream_dtype: torch.dtype | None
 
 
+class TokenEmbeddingStream:
+    """For a StreamCarrier whose stream starts at its token embedding ``embed_tokens``, cast
+    straight into ``stream_dtype``: that embedding, once the dtype is set
+    (``stream_embeddings``), so that master_weights may store it in 16 bits (the cast would
+    give the same rows)."""
+
+    def stream_embeddings(self) -> list[torch.nn.Module]:
+        return [self.embed_tokens] if self.stream_dtype is not None else []
+
+
 @runtime_checkable
 class ImageInput(Protocol):
     """A model that converts its image inputs itself, to channels-last where asked."""

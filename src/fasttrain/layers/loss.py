@@ -4,7 +4,8 @@ Plain: full logits, then fp32 cross-entropy. Fused (the ``kernels=loss`` switch)
 logits, whose gradient the loss's Triton kernel writes in the forward
 (``kernels.cross_entropy``); or, built with ``chunk=N``, chunks of N tokens through
 ``kernels.linear_cross_entropy``, so the tokens × vocabulary logits never exist whole (less
-memory, more passes). The head's weight stays where it is (``lm_head``; tied to the embedding in Llama 3.2).
+memory, more passes). The head's weight stays where it is (``lm_head``; tied to the embedding in
+Llama 3.2).
 With ``gemm_pad`` the vocabulary is padded to a multiple of N for the GEMMs (zero rows of the
 weight, added at every call; their logits masked out of the loss): an odd vocabulary (50,257)
 gives cuBLAS unaligned leading dimensions.

@@ -52,30 +52,31 @@ bf16 weights with fp32 masters
     accumulated in fp32 for every gradient dtype.
 
 bf16 moments (``state_dtype=torch.bfloat16``)
-    Both moments are kept in bf16 and used in fp32: 8 bytes less traffic and 4 bytes less
-    memory per weight (28 → 20 bytes a step for an fp32 weight without EMA; Llama-1B's
-    whole step on an H100 lost 3.4 ms, the 8/28 of its ~12 ms optimizer step). Rounded to nearest, bf16's 8 mantissa bits would
-    lose the second moment's updates: ``0.999·v`` rounds back to ``v``, so it could neither
-    decay nor take in a small ``g²``. Each store is therefore rounded stochastically (up with
-    the probability of the remainder; noise from a hash of the element's state offset and the
-    step, so a run is reproducible), which keeps every update in expectation, as in Gopher's
-    and torchao's bf16 optimizers. The weights, their fp32 masters and the EMA stay fp32.
-    Numerics: each store rounds by up to one bf16 step (2⁻⁷ relative), unbiased. The second
-    moment keeps 0.999 of itself a step, so its noise builds up, to ~4% (std) of ``v``, and
-    the update ``m / sqrt(v)`` moves by ~2% of its size (a CPU simulation, 6,000 steps of
-    Gaussian gradients; the mean of ``v`` unbiased to 1e-4). Noise repeats for elements 2³²
-    state slots apart (the hash takes 32 bits of the offset): correlated, still unbiased. A state dict holds them in bf16; one
-    saved in fp32 loads into bf16 moments rounded to nearest, and the other way round exactly.
+    Both moments are kept in bf16 and used in fp32: 8 bytes less traffic and 4 bytes less memory
+    per weight (28 → 20 bytes a step for an fp32 weight without EMA; Llama-1B's whole step on an
+    H100 lost 3.4 ms, the 8/28 of its ~12 ms optimizer step). Rounded to nearest, bf16's 8
+    mantissa bits would lose the second moment's updates: ``0.999·v`` rounds back to ``v``, so
+    it could neither decay nor take in a small ``g²``. Each store is therefore rounded
+    stochastically (up with the probability of the remainder; noise from a hash of the element's
+    state offset and the step, so a run is reproducible), which keeps every update in
+    expectation, as in Gopher's and torchao's bf16 optimizers. The weights, their fp32 masters
+    and the EMA stay fp32. Numerics: each store rounds by up to one bf16 step (2⁻⁷ relative),
+    unbiased. The second moment keeps 0.999 of itself a step, so its noise builds up, to ~4%
+    (std) of ``v``, and the update ``m / sqrt(v)`` moves by ~2% of its size (a CPU simulation,
+    6,000 steps of Gaussian gradients; the mean of ``v`` unbiased to 1e-4). Noise repeats for
+    elements 2³² state slots apart (the hash takes 32 bits of the offset): correlated, still
+    unbiased. A state dict holds them in bf16; one saved in fp32 loads into bf16 moments rounded
+    to nearest, and the other way round exactly.
 
 Limits
     One parameter group; fp32 weights, or bf16 ones with fp32 masters, on one device; dense
-    gradients in the weight's dtype (others are converted first). A parameter without a gradient is skipped in
-    that step (its step count does not advance), as in PyTorch; its EMA still moves, as a
-    foreach lerp over all weights would (also in a step where no weight has a gradient; not in
-    a step that GradScaler skips, which never calls ``step``). Tensors of up to 2³¹ − 8,193
-    elements; a tensor whose weight or gradient does not start on 16 bytes (a DDP bucket view,
-    say) takes the kernel's scalar path. Parameters missing from a loaded state dict keep their
-    state; ``maximize`` and ``amsgrad`` are not supported.
+    gradients in the weight's dtype (others are converted first). A parameter without a gradient
+    is skipped in that step (its step count does not advance), as in PyTorch; its EMA still
+    moves, as a foreach lerp over all weights would (also in a step where no weight has a
+    gradient; not in a step that GradScaler skips, which never calls ``step``). Tensors of up to
+    2³¹ − 8,193 elements; a tensor whose weight or gradient does not start on 16 bytes (a DDP
+    bucket view, say) takes the kernel's scalar path. Parameters missing from a loaded state
+    dict keep their state; ``maximize`` and ``amsgrad`` are not supported.
 """
 from __future__ import annotations
 

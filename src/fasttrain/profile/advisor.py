@@ -61,7 +61,8 @@ def optimizer_unfused(p: dict, r: Recipe) -> Finding | None:
 MOMENT_SHARE = 8 / 28
 """What bf16 moments save of the one-launch AdamW's traffic: 8 of the 28 bytes a weight (an
 fp32 weight, or a bf16 one with its fp32 master, without EMA); on an H100 Llama-1B's whole
-step lost 3.4 ms, the 8/28 of its 11.8 ms optimizer step (train-hf_llama-moments-ab-20261127-h100)."""
+step lost 3.4 ms, the 8/28 of its 11.8 ms optimizer step
+(train-hf_llama-moments-ab-20261127-h100)."""
 
 
 def optimizer_moments(p: dict, r: Recipe) -> Finding | None:
@@ -204,8 +205,9 @@ def graph_breaks(p: dict, r: Recipe) -> Finding | None:
 
 
 RULES: list[Callable[[dict, Recipe], Finding | None]] = [
-    data_wait, optimizer_unfused, optimizer_moments, attention_math, precision_fp32, ema_per_tensor, not_compiled,
-    dtype_casts, launch_bound, graph_memsets, allocator_churn, memory_growth, graph_breaks]
+    data_wait, optimizer_unfused, optimizer_moments, attention_math, precision_fp32,
+    ema_per_tensor, not_compiled, dtype_casts, launch_bound, graph_memsets, allocator_churn,
+    memory_growth, graph_breaks]
 
 
 def advise(profile: dict, recipe: Recipe) -> list[Finding]:

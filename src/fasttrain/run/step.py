@@ -39,7 +39,7 @@ from torch import nn
 
 from ..errors import FasttrainError
 from ..layers.conv import conv_network
-from ..recipe import Recipe, load_toml
+from ..recipe import PYTORCH_ADAMW, Recipe, load_toml
 from ..techniques import probe_contexts, registry, unmet_requirements
 from ..techniques.base import TrainState
 from ..workloads.base import Batch, Workload
@@ -137,8 +137,7 @@ def _recipe(choice: Any, device: torch.device, model: nn.Module,
                              "step); set accumulation=1")
     dropped = []
     if own_optimizer and (recipe.optimizer_impl == "triton" or recipe.master_weights):
-        recipe = dataclasses.replace(recipe, optimizer_impl="fused", master_weights=False,
-                                     optimizer_state="fp32")
+        recipe = dataclasses.replace(recipe, **PYTORCH_ADAMW)
         dropped.append("your optimizer is kept: optimizer_impl=triton, master_weights and "
                        "optimizer_state (which need fasttrain's AdamW) off")
     if own_optimizer and recipe.scheduled:
@@ -151,7 +150,7 @@ def _recipe(choice: Any, device: torch.device, model: nn.Module,
                "ema": "auto", "pdl": False}
         changes = {k: v for k, v in off.items() if k in cuda_only}
         if recipe.optimizer_impl == "triton":
-            changes.update(optimizer_impl="fused", master_weights=False, optimizer_state="fp32")
+            changes.update(PYTORCH_ADAMW)
         if recipe.precision in ("bf16-mixed", "fp16-mixed"):
             changes.update(precision="fp32", master_weights=False)
             if recipe.stream_dtype != "auto":

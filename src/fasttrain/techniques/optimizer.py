@@ -30,7 +30,7 @@ import torch
 
 from ..errors import FasttrainError
 from ..layers.fused import StreamCarrier
-from ..recipe import Recipe
+from ..recipe import PYTORCH_ADAMW, Recipe
 from .base import Phase, Technique, TrainState
 
 
@@ -114,26 +114,26 @@ def _casts_like_autocast(m: torch.nn.Module) -> bool:
     return isinstance(m, MATMUL_LAYERS) and not isinstance(m, Float8Linear)
 
 
-def stream_embeddings(module: torch.nn.Module) -> set[int]:
-    """The ids of the embeddings in ``module`` whose output its model casts straight into a
-    16-bit residual stream (``stream_embeddings()`` of a model carrying one in bf16): rows
-    read from a bf16 copy of their weight are the rows the cast would give."""
-    out: set[int] = set()
-    for m in module.modules():
-        if isinstance(m, StreamCarrier) and m.stream_dtype == torch.bfloat16 and callable(
-                getattr(m, "stream_embeddings", None)):
-            out.update(id(e) for e in m.stream_embeddings())
-    return out
+def stream_embeddings(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The embeddings in ``module`` whose output its model casts straight into a 16-bit
+    residual stream (``stream_embeddings()`` of a model carrying one in bf16): rows read from
+    a bf16 copy of their weight are the rows the cast would give."""
+    return [e for m in module.modules()
+            if isinstance(m, StreamCarrier) and m.stream_dtype == torch.bfloat16
+            and callable(getattr(m, "stream_embeddings", None)) for e in m.stream_embeddings()]
 
 
-def matmul_weights(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+def matmul_weights(module: torch.nn.Module,
+                   embeddings: list[torch.nn.Module] | None = None) -> list[torch.nn.Parameter]:
     """The trainable weights and biases that autocast casts to 16 bits on every forward: those
     of linear and convolution layers, and an embedding's (tied to the output layer, say) where
     its rows go straight into a bf16 residual stream (``stream_embeddings``). Left out: a
     parameter that another kind of module also uses (an embedding tied to the output layer
     whose rows stay fp32), and those a module lists in its ``fp32_params()``: the ones its
-    fused path reads itself, outside autocast (fc1's bias in the bias + GELU kernel)."""
-    to_stream = stream_embeddings(module)
+    fused path reads itself, outside autocast (fc1's bias in the bias + GELU kernel).
+    ``embeddings``: ``stream_embeddings(module)``, where the caller has them already."""
+    to_stream = {id(e) for e in (stream_embeddings(module) if embeddings is None
+                                 else embeddings)}
     owners: dict[int, list[torch.nn.Module]] = {}
     params: dict[int, torch.nn.Parameter] = {}
     kept: set[int] = set()
@@ -171,14 +171,13 @@ def _mixed_masters(state: TrainState, params: list[torch.Tensor], lr: float, wha
         raise FasttrainError(f"recipe: master_weights with bf16-mixed keeps its fp32 masters "
                              f"in the one-launch AdamW (optimizer_impl=triton), which cannot "
                              f"run here: {why}")
-    weights = matmul_weights(state.trainable)
+    feeds_stream = stream_embeddings(state.trainable)
+    weights = matmul_weights(state.trainable, feeds_stream)
     if not weights:
         state.warn("optimizer", "master_weights: no trainable linear or convolution weights "
                    "to store in bf16")
         state.no_effect["master_weights"] = "no trainable linear or convolution weights"
-    feeds_stream = stream_embeddings(state.trainable)
-    embedded = {id(p) for m in state.trainable.modules() if id(m) in feeds_stream
-                for p in m.parameters(recurse=False)}
+    embedded = {id(p) for e in feeds_stream for p in e.parameters(recurse=False)}
     originals = {id(p): fp32 for p, fp32 in zip(weights, _store_in_bf16(weights))}
     n16 = sum(p.numel() for p in weights)
     n_emb = sum(id(p) in embedded for p in weights)
@@ -350,7 +349,7 @@ def apply(state: TrainState) -> str:
             return _flat_adamw(state, params, lr, what)
         state.warn("optimizer", f"optimizer_impl=triton: {why}; using PyTorch's fused AdamW"
                    + _fp32_moments(state))
-        r = r.replace(optimizer_impl="fused", optimizer_state="fp32")
+        r = r.replace(**PYTORCH_ADAMW)  # (master_weights is off on this path already)
         what = f"{what} (fused: triton could not run)"
     state.optimizer = build(params, r, lr, capturable)
     _schedule(state)

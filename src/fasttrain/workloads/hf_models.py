@@ -10,8 +10,9 @@ It trains on the reference Llama workload's token pipeline (the user's flat toke
 The loss is the model's decoder stack, its LM head and cross-entropy, as the library's
 ``ForCausalLM.forward`` computes them, written out here so that the ``kernels=loss`` switch can
 run the head and the loss with the logits' gradient written by the loss's own Triton kernel
-(``layers.loss.LMHeadLoss``; plain: the full logits, fp32 cross-entropy). The ``convert`` switch turns the decoder's classes into fasttrain
-layers; the ladder's peer is the same model under PyTorch best practice.
+(``layers.loss.LMHeadLoss``; plain: the full logits, fp32 cross-entropy). The ``convert`` switch
+turns the decoder's classes into fasttrain layers; the ladder's peer is the same model under
+PyTorch best practice.
 """
 from __future__ import annotations
 

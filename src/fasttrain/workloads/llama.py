@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..layers.attention import attention, native_gqa
+from ..layers.fused import TokenEmbeddingStream
 from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
@@ -130,7 +131,7 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
 
-class Llama(nn.Module):
+class Llama(TokenEmbeddingStream, nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.cfg = cfg
@@ -145,12 +146,6 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)  # (T, D) float32
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(_init_weights)
-
-    def stream_embeddings(self) -> list[nn.Module]:
-        """The embeddings whose output goes straight into the 16-bit residual stream (so a
-        16-bit copy of their weight gives the same rows): the token embedding, once
-        ``stream_dtype`` is set."""
-        return [self.embed_tokens] if self.stream_dtype is not None else []
 
     def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids → (B, T, C) final hidden states (after the last norm)."""
