@@ -202,6 +202,23 @@ def test_bf16_autocast_keeps_the_loss_and_gradients(family, fused):
     assert_same(got, want, BF16_REL, value_rel=BF16_LOSS_REL)
 
 
+@pytest.mark.parametrize("pad", [None, 0], ids=["tied", "padding-row"])
+def test_tied_embedding_is_looked_up_with_the_head_unless_its_gradient_differs(pad, monkeypatch):
+    """Llama's embedding tied to its head: with labels the converted causal LM looks the rows
+    up through ``tied_lookup`` (the two gradients meet in one place), and every gradient equals
+    the library's; with a padding row (whose share of the embedding's gradient the library
+    keeps at zero) it does not, and the gradients still equal the library's."""
+    model, ids = build("llama", pad_token_id=pad)
+    ids[0, :3] = 0  # the padding id among the inputs, repeated
+    twin, _ = converted(model)
+    calls = []
+    real = hf_llama.tied_lookup
+    monkeypatch.setattr(hf_llama, "tied_lookup", lambda *a: calls.append(1) or real(*a))
+    got = run(twin, ids)
+    assert len(calls) == (1 if pad is None else 0)
+    assert_same(got, run(model, ids), PLAIN_REL)
+
+
 def test_compiled_converted_model_gives_the_eager_loss_and_gradients():
     """torch.compile (aot_eager) of the converted Llama's training forward gives the eager loss
     and gradients (graph breaks allowed)."""

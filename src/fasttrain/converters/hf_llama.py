@@ -38,6 +38,7 @@ from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
+from ..layers.tied import ties, tied_lookup
 from .registry import (SAMPLE_TOKENS, Converter, class_path, library_forward, remember,
                        sequence_sample, swap_keeping_library)
 
@@ -228,16 +229,27 @@ class HFModel(TokenEmbeddingStream, nn.Module):
 
     def forward(self, input_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *args: Any, **kwargs: Any):
-        layers = list(self.layers[: self.config.num_hidden_layers])
-        if (args or input_ids is None or attention_mask is not None or not no_cache(kwargs)
-                or any(kwargs.get(k) is not None for k in ("inputs_embeds", "position_ids"))
-                or kwargs.get("output_attentions") or kwargs.get("output_hidden_states")
-                or not all(isinstance(layer, HFDecoderLayer) for layer in layers)):
+        if not self.chains(input_ids, attention_mask, args, kwargs):
             return library_forward(self, input_ids, attention_mask, *args, **kwargs)
-        from torch.distributed.fsdp import FSDPModule
         from transformers.modeling_outputs import BaseModelOutputWithPast
 
-        x = self.embed_tokens(input_ids)  # (B, T, C)
+        return BaseModelOutputWithPast(last_hidden_state=self.chain(self.embed_tokens(input_ids)))
+
+    def chains(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+               args: tuple, kwargs: dict) -> bool:
+        """Whether this call is one that ``chain`` computes."""
+        return not (args or input_ids is None or attention_mask is not None
+                    or not no_cache(kwargs)
+                    or any(kwargs.get(k) is not None for k in ("inputs_embeds", "position_ids"))
+                    or kwargs.get("output_attentions") or kwargs.get("output_hidden_states")
+                    or not all(isinstance(layer, HFDecoderLayer)
+                               for layer in self.layers[: self.config.num_hidden_layers]))
+
+    def chain(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) token embeddings → the final norm's output."""
+        from torch.distributed.fsdp import FSDPModule
+
+        layers = list(self.layers[: self.config.num_hidden_layers])
         positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # (1, T)
         # the rotary tables in fp32, as the library's from fp32 embeddings (it reads only the
         # dtype and device of its first argument): also where the embedding is stored in bf16
@@ -250,8 +262,7 @@ class HFModel(TokenEmbeddingStream, nn.Module):
                        and not isinstance(layer, FSDPModule))
             x, branch = layer(x, position_embeddings=pe, branch=branch, hand_on=hand_on,
                               chained=True)
-        x = self.norm(x) if branch is None else self.norm.add(branch, x)[0]
-        return BaseModelOutputWithPast(last_hidden_state=x)
+        return self.norm(x) if branch is None else self.norm.add(branch, x)[0]
 
 
 def model_unsupported(m: nn.Module) -> str | None:
@@ -285,10 +296,16 @@ class HFCausalLM(nn.Module):
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
         items = kwargs.pop("num_items_in_batch", None)
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                            **kwargs).last_hidden_state
+        model, head = self.model, self.lm_head.weight
+        if (isinstance(model, HFModel) and ties(model.embed_tokens, head)
+                and model.chains(input_ids, attention_mask, (), kwargs)):
+            x, head = tied_lookup(head, input_ids)  # the two gradients meet in one place
+            hidden = model.chain(x)
+        else:
+            hidden = model(input_ids=input_ids, attention_mask=attention_mask,
+                           **kwargs).last_hidden_state
         shifted = F.pad(labels[:, 1:], (0, 1), value=-100)  # the library's shift
-        total = self.head_loss(hidden, self.lm_head.weight, shifted)
+        total = self.head_loss(hidden, head, shifted)
         if items is None:
             items = (shifted != -100).sum()
         return CausalLMOutputWithPast(loss=total / items, logits=None)

@@ -24,6 +24,7 @@ from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
+from ..layers.tied import ties, tied_lookup
 from .base import Workload
 from .data import TokenWindows, VariableWindows, write_token_file
 from ..measure.files import cache_root
@@ -147,13 +148,15 @@ class Llama(TokenEmbeddingStream, nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(_init_weights)
 
-    def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids → (B, T, C) final hidden states (after the last norm)."""
+    def hidden(self, input_ids: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) token ids → (B, T, C) final hidden states (after the last norm); ``x``: their
+        embeddings, where the caller looked them up."""
         T = input_ids.shape[1]
         if T > self.rope_cos.shape[0]:
             raise ValueError(f"sequence of {T} tokens is longer than the model's {self.cfg.seq}")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        x = self.embed_tokens(input_ids)  # (B, T, C)
+        if x is None:
+            x = self.embed_tokens(input_ids)  # (B, T, C)
         if self.stream_dtype is not None:
             x = x.to(self.stream_dtype)
         branch = None  # the last block's MLP output, where the norms add it (kernels=rmsnorm)
@@ -166,7 +169,10 @@ class Llama(TokenEmbeddingStream, nn.Module):
         return self.lm_head(self.hidden(input_ids))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.head_loss(self.hidden(input_ids), self.lm_head.weight, labels)
+        if not ties(self.embed_tokens, self.lm_head.weight):  # untied by a user
+            return self.head_loss(self.hidden(input_ids), self.lm_head.weight, labels)
+        x, head = tied_lookup(self.embed_tokens.weight, input_ids)
+        return self.head_loss(self.hidden(input_ids, x), head, labels)
 
 
 class TokenFile(TokenWindows):
