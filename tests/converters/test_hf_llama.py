@@ -534,6 +534,29 @@ def test_workload_from_a_config_file_trains_converted(tmp_path):
     assert not res.warnings and math.isfinite(res.losses[0])
 
 
+def test_workload_loss_looks_the_tied_embedding_up_with_the_head(monkeypatch):
+    """The hf:llama workload's loss (its own wrapper, not the causal LM's forward) goes through
+    ``tied_lookup`` once converted, with the unconverted model's loss and gradients."""
+    wl = load_workload("hf:llama", "tiny", seq_len=16)
+    model = wl.build_model()
+    twin = copy.deepcopy(model)
+    convert(twin.lm)
+    calls = []
+    real = hf_llama.tied_lookup
+    monkeypatch.setattr(hf_llama, "tied_lookup", lambda *a: calls.append(1) or real(*a))
+    ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(3))
+    ids[:, :4] = 5  # repeated tokens
+
+    def loss_and_grads(m):
+        m.zero_grad(set_to_none=True)
+        loss = m(ids, ids)
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in m.named_parameters()}, None
+
+    assert_same(loss_and_grads(twin), loss_and_grads(model), PLAIN_REL)
+    assert calls == [1]
+
+
 def test_workload_refuses_what_it_cannot_build(tmp_path):
     """A config of another model_type, a missing config file and hf:gpt2 are FasttrainErrors
     that say what is wrong."""

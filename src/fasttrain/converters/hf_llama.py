@@ -296,19 +296,27 @@ class HFCausalLM(nn.Module):
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
         items = kwargs.pop("num_items_in_batch", None)
-        model, head = self.model, self.lm_head.weight
-        if (isinstance(model, HFModel) and ties(model.embed_tokens, head)
-                and model.chains(input_ids, attention_mask, (), kwargs)):
-            x, head = tied_lookup(head, input_ids)  # the two gradients meet in one place
-            hidden = model.chain(x)
-        else:
-            hidden = model(input_ids=input_ids, attention_mask=attention_mask,
-                           **kwargs).last_hidden_state
+        hidden, head = self.hidden_and_head(input_ids, attention_mask, **kwargs)
         shifted = F.pad(labels[:, 1:], (0, 1), value=-100)  # the library's shift
         total = self.head_loss(hidden, head, shifted)
         if items is None:
             items = (shifted != -100).sum()
         return CausalLMOutputWithPast(loss=total / items, logits=None)
+
+    def hidden_and_head(self, input_ids: torch.Tensor,
+                        attention_mask: torch.Tensor | None = None, **kwargs: Any
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's last hidden states and the head's weight to multiply them by. Where
+        the embedding is tied to the head and the decoder's chain computes the call, the rows
+        and the weight come from ``layers.tied.tied_lookup``, so that the embedding's gradient
+        is added to the head's rather than built dense."""
+        model, head = self.model, self.lm_head.weight
+        if (isinstance(model, HFModel) and ties(model.embed_tokens, head)
+                and model.chains(input_ids, attention_mask, (), kwargs)):
+            x, head = tied_lookup(head, input_ids)
+            return model.chain(x), head
+        return model(input_ids=input_ids, attention_mask=attention_mask,
+                     **kwargs).last_hidden_state, head
 
 
 def causal_lm_unsupported(m: nn.Module) -> str | None:

@@ -48,8 +48,12 @@ class CausalLMLoss(nn.Module):
         lm.head_loss = LMHeadLoss(vocab=lm.lm_head.out_features)
 
     def forward(self, input_ids, labels):
-        hidden = self.lm.model(input_ids=input_ids).last_hidden_state  # (B, T, C)
-        return self.lm.head_loss(hidden, self.lm.lm_head.weight, labels)
+        if callable(getattr(self.lm, "hidden_and_head", None)):  # converted
+            hidden, head = self.lm.hidden_and_head(input_ids)
+        else:
+            hidden, head = self.lm.model(input_ids=input_ids).last_hidden_state, \
+                self.lm.lm_head.weight
+        return self.lm.head_loss(hidden, head, labels)  # hidden: (B, T, C)
 
 
 class HFCausalLMWorkload(Workload):
