@@ -202,20 +202,26 @@ def test_bf16_autocast_keeps_the_loss_and_gradients(family, fused):
     assert_same(got, want, BF16_REL, value_rel=BF16_LOSS_REL)
 
 
-@pytest.mark.parametrize("pad", [None, 0], ids=["tied", "padding-row"])
-def test_tied_embedding_is_looked_up_with_the_head_unless_its_gradient_differs(pad, monkeypatch):
+@pytest.mark.parametrize("pad, hook", [(None, False), (0, False), (None, True)],
+                         ids=["tied", "padding-row", "hooked-embedding"])
+def test_tied_embedding_is_looked_up_with_the_head_unless_its_gradient_differs(pad, hook,
+                                                                              monkeypatch):
     """Llama's embedding tied to its head: with labels the converted causal LM looks the rows
     up through ``tied_lookup`` (the two gradients meet in one place), and every gradient equals
     the library's; with a padding row (whose share of the embedding's gradient the library
-    keeps at zero) it does not, and the gradients still equal the library's."""
+    keeps at zero), or a hook on the embedding (its forward must run), it does not, and the
+    gradients still equal the library's."""
     model, ids = build("llama", pad_token_id=pad)
     ids[0, :3] = 0  # the padding id among the inputs, repeated
     twin, _ = converted(model)
+    seen = []
+    if hook:
+        twin.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(1))
     calls = []
     real = hf_llama.tied_lookup
     monkeypatch.setattr(hf_llama, "tied_lookup", lambda *a: calls.append(1) or real(*a))
     got = run(twin, ids)
-    assert len(calls) == (1 if pad is None else 0)
+    assert len(calls) == (1 if pad is None and not hook else 0) and len(seen) == int(hook)
     assert_same(got, run(model, ids), PLAIN_REL)
 
 

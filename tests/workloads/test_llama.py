@@ -62,6 +62,37 @@ def test_tiny_trains():
     assert model(**batch).item() / n < 0.7 * first
 
 
+@pytest.mark.parametrize("hook", [False, True], ids=["tied-lookup", "hooked-embedding"])
+def test_tied_embedding_and_head_give_the_gradients_of_the_weight_used_twice(hook, monkeypatch):
+    """The forward looks the embedding up with the head (``tied_lookup``, once), and the loss
+    and every gradient equal the plain path's: the embedding called as a module, the head's
+    weight passed as it is. A forward hook on the embedding keeps the plain path (it runs)."""
+    wl = load_workload("llama", "tiny")
+    torch.manual_seed(0)
+    model = wl.build_model()
+    batch = tiny_batch(wl, 2)
+    calls, seen = [], []
+    real = llama.tied_lookup
+    monkeypatch.setattr(llama, "tied_lookup", lambda *a: calls.append(1) or real(*a))
+    if hook:
+        model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(1))
+
+    def loss_and_grads(fn):
+        model.zero_grad(set_to_none=True)
+        loss = fn()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    got = loss_and_grads(lambda: model(**batch))
+    assert (calls, seen) == (([], [1]) if hook else ([1], []))
+    want = loss_and_grads(lambda: model.head_loss(model.hidden(batch["input_ids"]),
+                                                  model.lm_head.weight, batch["labels"]))
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=0)
+    for name, g in want[1].items():
+        torch.testing.assert_close(got[1][name], g, rtol=1e-5, atol=1e-6 * g.abs().max().item(),
+                                   msg=lambda m: f"{name}: {m}")
+
+
 def test_init_is_deterministic_under_seed():
     torch.manual_seed(3)
     a = Llama(CONFIGS["tiny"])

@@ -38,7 +38,7 @@ from ..layers.loss import LMHeadLoss
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
-from ..layers.tied import ties, tied_lookup
+from ..layers.tied import hooked, ties, tied_lookup
 from .registry import (SAMPLE_TOKENS, Converter, class_path, library_forward, remember,
                        sequence_sample, swap_keeping_library)
 
@@ -307,11 +307,12 @@ class HFCausalLM(nn.Module):
                         attention_mask: torch.Tensor | None = None, **kwargs: Any
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder's last hidden states and the head's weight to multiply them by. Where
-        the embedding is tied to the head and the decoder's chain computes the call, the rows
-        and the weight come from ``layers.tied.tied_lookup``, so that the embedding's gradient
-        is added to the head's rather than built dense."""
+        the embedding is tied to the head and the decoder's chain computes the call (and
+        neither module has hooks: their forwards are not called), the rows and the weight come
+        from ``layers.tied.tied_lookup``, so that the embedding's gradient is added to the
+        head's rather than built dense."""
         model, head = self.model, self.lm_head.weight
-        if (isinstance(model, HFModel) and ties(model.embed_tokens, head)
+        if (isinstance(model, HFModel) and ties(model.embed_tokens, head) and not hooked(model)
                 and model.chains(input_ids, attention_mask, (), kwargs)):
             x, head = tied_lookup(head, input_ids)
             return model.chain(x), head

@@ -10,10 +10,16 @@ and then lets the head's weight-gradient GEMM add itself to a copy of it: at Lla
 
 ``tied_lookup(weight, ids)`` returns the rows and the weight again, for the head, from one
 autograd node. Its backward receives the head's gradient and adds the rows' gradients to it
-in place of the dense buffer: tokens with the same id summed first in fp32 (sorted, one fp32
-sum each), then one add a distinct id, so the result does not depend on the order of atomic
-adds more than the dense path does. Compiled, the head's GEMM writes the weight's gradient and
-the rows are added into that buffer (Inductor reuses it: nothing is copied).
+in place of the dense buffer: tokens with the same id summed first in fp32 (sorted, one sum
+each), then one add a distinct id. Compiled with the head (the whole model, bf16 on a Hopper
+GPU or fp32), Inductor lets the head's GEMM write the weight's gradient and adds the rows into
+that buffer: nothing is copied. Eager, or compiled apart from the head, the out-of-place add
+copies the head's gradient once, as the plain path's sum does. Eager, the adds are the
+sort-based, deterministic kind; compiled, Inductor makes them atomic fp32 adds, as it does in
+the dense path.
+
+The embedding module's forward is not called, so a lookup whose module carries hooks (a
+profiler's, an offloading library's, a technique's) keeps the plain path (``ties``).
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ class _TiedLookup(torch.autograd.Function):
     def backward(ctx, grad_rows: torch.Tensor, grad_weight: torch.Tensor):
         (ids,) = ctx.saved_tensors
         flat = ids.reshape(-1)
-        return add_rows(grad_weight, flat, grad_rows.reshape(flat.numel(), -1)), None
+        return add_rows(grad_weight, flat, grad_rows.reshape(-1, grad_weight.shape[1])), None
 
 
 def tied_lookup(weight: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,10 +51,18 @@ def tied_lookup(weight: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, 
 def ties(embedding: nn.Module, weight: torch.Tensor) -> bool:
     """Whether ``weight`` (an output layer's) is ``embedding``'s own and the embedding a plain
     lookup (no padding row kept out of the gradient, no max norm, no scaling by frequency, not
-    sparse), as ``tied_lookup`` computes it."""
+    sparse) without hooks, as ``tied_lookup`` computes it."""
     return (type(embedding) is nn.Embedding and weight is embedding.weight
             and embedding.padding_idx is None and embedding.max_norm is None
-            and not embedding.scale_grad_by_freq and not embedding.sparse)
+            and not embedding.scale_grad_by_freq and not embedding.sparse
+            and not hooked(embedding))
+
+
+def hooked(module: nn.Module) -> bool:
+    """Whether ``module`` has forward or backward hooks of its own (a call that goes around its
+    forward would skip them)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
 
 
 def add_rows(dense: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -64,7 +78,7 @@ def add_rows(dense: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> torc
     starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
     segment = starts.cumsum(0) - 1  # (N,) the segment of each sorted row
     sums = rows.new_zeros(n, rows.shape[1], dtype=torch.float32)
-    sums.index_add_(0, segment, rows[order].float())
+    sums.index_put_((segment,), rows[order].float(), accumulate=True)
     slots = torch.arange(n, device=ids.device) % vocab
     targets = slots.scatter(0, segment, sorted_ids.to(slots.dtype))  # equal values per segment
     return dense.index_put((targets,), sums.to(dense.dtype), accumulate=True)
