@@ -126,6 +126,10 @@ def test_stream_in_bf16_from_the_first_block():
 
 
 def test_state_dict_class_and_parameters_stay():
+    """Converted with the fused kernels (interpreted), the stack keeps its keys, parameter
+    objects and classes, and its state dict gives a plain stack the same outputs (within the
+    fused kernels' tolerance; seeded: the weights and tokens come from the global generator)."""
+    torch.manual_seed(0)
     model = randomise(Stack(ViTBlock))
     keys, before = list(model.state_dict()), dict(model.named_parameters())
     convert(model, kernels="fused")
@@ -135,7 +139,7 @@ def test_state_dict_class_and_parameters_stay():
     plain = Stack(ViTBlock)
     plain.load_state_dict(model.state_dict())
     x = tokens()
-    assert_same([plain(x)], [model(x)], PLAIN_REL)
+    assert_same([plain(x)], [model(x)], FUSED_REL)
 
 
 def test_a_call_with_other_arguments_runs_the_users_forward(monkeypatch):
