@@ -169,7 +169,7 @@ class Llama(TokenEmbeddingStream, nn.Module):
         return self.lm_head(self.hidden(input_ids))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if not ties(self.embed_tokens, self.lm_head.weight):  # untied by a user
+        if not ties(self.embed_tokens, self.lm_head.weight):  # untied, or a hooked embedding
             return self.head_loss(self.hidden(input_ids), self.lm_head.weight, labels)
         x, head = tied_lookup(self.embed_tokens.weight, input_ids)
         return self.head_loss(self.hidden(input_ids, x), head, labels)
