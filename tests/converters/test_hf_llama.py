@@ -226,13 +226,15 @@ def test_tied_embedding_is_looked_up_with_the_head_unless_its_gradient_differs(p
 
 
 def test_compiled_converted_model_gives_the_eager_loss_and_gradients():
-    """torch.compile (aot_eager) of the converted Llama's training forward gives the eager loss
-    and gradients (graph breaks allowed)."""
+    """torch.compile (aot_eager) of the converted Llama's training forward, tied lookup
+    included, is one graph (``fullgraph``: a break costs copies of the gradients that cross it)
+    and gives the eager loss and gradients."""
     model, ids = build("llama")
     convert(model)
     want = run(model, ids)
     torch._dynamo.reset()
-    compiled = torch.compile(lambda i: model(input_ids=i, labels=i).loss, backend="aot_eager")
+    compiled = torch.compile(lambda i: model(input_ids=i, labels=i).loss, backend="aot_eager",
+                             fullgraph=True)
     model.zero_grad(set_to_none=True)
     loss = compiled(ids)
     loss.backward()
