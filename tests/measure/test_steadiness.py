@@ -14,7 +14,8 @@ from fasttrain.ladder.runner import LadderSpec, run_ladder
 from fasttrain.recipe import Recipe
 from fasttrain.report.table import markdown_table
 from fasttrain.report.table import peer_summary as _peer_summary
-from fasttrain.measure.steadiness import (REPEAT_TOLERANCE, UNSTEADY_IQR, confirmed_ratio, needs_another, spread)
+from fasttrain.measure.steadiness import (PEER_HOST_BOUND, REPEAT_TOLERANCE, UNSTEADY_IQR,  # noqa: E501
+                                         confirmed_ratio, needs_another, spread)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,10 +69,12 @@ def test_the_disturbed_peer_of_the_h200_run_is_caught():
     assert not r["steady"] and r["repeat_disagreement"]["peer"] is None
     assert "the peer has 1 of 2 runs with steady steps, not two to compare" in r["reason"]
     assert "peer: step times spread 12.0%" in r["reason"]
+    assert r["reason"].endswith(PEER_HOST_BOUND)  # why a peer's steps scatter
     assert r["ratio"] == pytest.approx(2779.0 / 1728.5)  # not 2.28x
     peer = [_row("peer", 1728.5, "peer"), _row("peer (repeat)", 1216.8, "peer")]
     r = confirmed_ratio(ours, peer)  # steady steps, a whole run off: the repeats disagree
     assert not r["steady"] and r["repeat_disagreement"]["peer"] > REPEAT_TOLERANCE
+    assert PEER_HOST_BOUND not in r["reason"]  # its steps did not scatter
     assert "the peer's two fastest steady runs differ by 29.6% (1,728.5, 1,216.8)" in r["reason"]
 
 
