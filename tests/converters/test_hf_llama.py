@@ -129,6 +129,15 @@ def library_calls(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def tied_calls(monkeypatch):
+    """One entry per call of ``tied_lookup`` by the converted classes."""
+    calls: list[int] = []
+    real = hf_llama.tied_lookup
+    monkeypatch.setattr(hf_llama, "tied_lookup", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
 def qwen2_json(tmp_path) -> str:
     """A tiny Qwen2 config.json (as a Hub checkpoint's, with model_type and architectures)."""
     path = tmp_path / "qwen2.json"
@@ -205,7 +214,7 @@ def test_bf16_autocast_keeps_the_loss_and_gradients(family, fused):
 @pytest.mark.parametrize("pad, hook", [(None, False), (0, False), (None, True)],
                          ids=["tied", "padding-row", "hooked-embedding"])
 def test_tied_embedding_is_looked_up_with_the_head_unless_its_gradient_differs(pad, hook,
-                                                                              monkeypatch):
+                                                                              tied_calls):
     """Llama's embedding tied to its head: with labels the converted causal LM looks the rows
     up through ``tied_lookup`` (the two gradients meet in one place), and every gradient equals
     the library's; with a padding row (whose share of the embedding's gradient the library
@@ -217,11 +226,8 @@ def test_tied_embedding_is_looked_up_with_the_head_unless_its_gradient_differs(p
     seen = []
     if hook:
         twin.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(1))
-    calls = []
-    real = hf_llama.tied_lookup
-    monkeypatch.setattr(hf_llama, "tied_lookup", lambda *a: calls.append(1) or real(*a))
     got = run(twin, ids)
-    assert len(calls) == (1 if pad is None and not hook else 0) and len(seen) == int(hook)
+    assert len(tied_calls) == (1 if pad is None and not hook else 0) and len(seen) == int(hook)
     assert_same(got, run(model, ids), PLAIN_REL)
 
 
@@ -542,16 +548,13 @@ def test_workload_from_a_config_file_trains_converted(tmp_path):
     assert not res.warnings and math.isfinite(res.losses[0])
 
 
-def test_workload_loss_looks_the_tied_embedding_up_with_the_head(monkeypatch):
+def test_workload_loss_looks_the_tied_embedding_up_with_the_head(tied_calls):
     """The hf:llama workload's loss (its own wrapper, not the causal LM's forward) goes through
     ``tied_lookup`` once converted, with the unconverted model's loss and gradients."""
     wl = load_workload("hf:llama", "tiny", seq_len=16)
     model = wl.build_model()
     twin = copy.deepcopy(model)
     convert(twin.lm)
-    calls = []
-    real = hf_llama.tied_lookup
-    monkeypatch.setattr(hf_llama, "tied_lookup", lambda *a: calls.append(1) or real(*a))
     ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(3))
     ids[:, :4] = 5  # repeated tokens
 
@@ -562,7 +565,7 @@ def test_workload_loss_looks_the_tied_embedding_up_with_the_head(monkeypatch):
         return loss.detach(), {n: p.grad for n, p in m.named_parameters()}, None
 
     assert_same(loss_and_grads(twin), loss_and_grads(model), PLAIN_REL)
-    assert calls == [1]
+    assert tied_calls == [1]
 
 
 def test_workload_refuses_what_it_cannot_build(tmp_path):
