@@ -232,11 +232,13 @@ def test_rungs_in_process(workload, tmp_path):
     assert ("timm ViT Block" if "vit_" in workload else
             "timm Swin block" if "swin" in workload else "LayerNorm") in conv["applied"]["convert"]
 
-    if timm:  # fasttrain's own ViT reads its linears' weights itself: nothing to quantize
-        quant = _job(workload, InferRung("q", "x", dtype="float32", quant="int8"), tmp_path)
-        _measured(quant)
-        assert quant["applied"]["quant"]["quantized"] > 0
-        assert quant["applied"]["quant"]["mode"] == "int8"
+    # INT8 on the converted model, as the quantized rungs run (fasttrain's layers take the
+    # 8-bit linears through layers.linear.linear)
+    quant = _job(workload, InferRung("q", "x", dtype="float32", convert=True, quant="int8"),
+                 tmp_path)
+    _measured(quant)
+    assert quant["applied"]["quant"]["quantized"] > 0 and quant["applied"]["convert"]
+    assert quant["applied"]["quant"]["mode"] == "int8"
 
     skipped = _job(workload, RUNGS["graphs"], tmp_path)
     assert skipped["skipped"] == "needs a CUDA GPU" and skipped["throughput"] is None

@@ -288,3 +288,34 @@ def test_quantized_model_compiles_in_one_graph(mode):
         x = torch.randn(shape, dtype=torch.bfloat16)
         with torch.inference_mode():
             torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_quantized_layer_runs_apart_from_its_bias_for_the_fused_paths(mode, bias):
+    """A quantized layer is a ``BiasApart``: ``linear(layer, x, bias=False)`` is its output
+    less the bias (same codes, same scales), so a fused kernel that adds the bias gets what
+    the layer would give; ``bias_apart`` lets the blocks' fused norms and bias + GELU take it."""
+    from fasttrain.layers.linear import bias_apart, linear
+
+    torch.manual_seed(0)
+    m = MODULES[mode].from_linear(nn.Linear(32, 48, bias=bias))
+    x = torch.randn(3, 5, 32)
+    with torch.inference_mode():
+        whole, apart = m(x), linear(m, x, bias=False)
+    assert bias_apart(m) and apart.shape == whole.shape == (3, 5, 48)
+    added = apart if m.bias is None else apart + m.bias
+    torch.testing.assert_close(added, whole, rtol=1e-6, atol=1e-6)
+    assert bias or torch.equal(apart, whole)
+
+
+def test_a_layer_whose_parent_reads_its_weight_is_skipped_with_the_reason():
+    """fasttrain's Llama hands its (tied) head weight to the loss kernel as a tensor and says
+    so (``reads_linear_weights``): its head stays; the blocks' projections are quantized."""
+    from fasttrain.workloads.llama import CONFIGS, Llama
+
+    model = Llama(CONFIGS["tiny"])
+    report = quantize_linears(model, "int8")
+    assert report.skipped == {"lm_head": "its parent Llama reads its weight directly"}
+    assert type(model.lm_head) is nn.Linear and model.lm_head.weight is model.embed_tokens.weight
+    assert report.quantized and all(n.startswith("layers.") for n in report.quantized)

@@ -286,6 +286,8 @@ class HFCausalLM(nn.Module):
     """With labels (and no cache): the LM head and the shifted cross-entropy, averaged over the
     labelled tokens as the library's loss, through ``LMHeadLoss``; ``logits`` is None."""
 
+    reads_linear_weights = ("lm_head",)  # the head's weight goes to the loss kernel as a tensor
+
     def forward(self, input_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *args: Any,
                 labels: torch.Tensor | None = None, **kwargs: Any):

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.linear import BiasApart
+
 E4M3 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(E4M3).max
 INT8_MAX = 127.0  # symmetric: -128 is never used
@@ -99,12 +101,15 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(a, b)
 
 
-class _QuantLinear(nn.Module):
+class _QuantLinear(BiasApart, nn.Module):
     """The state and glue both quantized linear layers share. Buffers, no parameters:
     ``qweight`` (N, K) row-major — so ``qweight.t()`` is the column-major (K, N) operand the
     8-bit GEMMs take —, ``weight_scale`` (1, N) fp32, ``bias`` (N,) in the layer's dtype or None.
     ``backend``: the kernel or ``"reference"``, probed for the buffers' device when built and
-    after every ``.to()``/``.cuda()``/``.half()``, which move these buffers but keep their dtypes."""
+    after every ``.to()``/``.cuda()``/``.half()``, which move these buffers but keep their dtypes.
+    A ``BiasApart`` layer: inside fasttrain's converted layers, ``unbiased`` runs the 8-bit
+    matmul without the bias, which the fused kernel beside it adds (bias + GELU, the blocks'
+    fused norms)."""
 
     mode = ""
     kernel = ""  # the backend name when the device runs the 8-bit GEMM
@@ -143,18 +148,24 @@ class _QuantLinear(nn.Module):
         self._pick_backend()
         return self
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x (M, K) → (M, N) in x's dtype, plus ``bias`` where given."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (..., K) → (..., N), x's dtype
-        y = self.matmul(x.reshape(-1, self.in_features))  # (M, N)
+        y = self.matmul(x.reshape(-1, self.in_features), self.bias)  # (M, N)
         return y.view(*x.shape[:-1], self.out_features)
 
-    def _dequantize(self, acc: torch.Tensor, sx: torch.Tensor, dtype: torch.dtype):
-        """acc (M, N) → ``acc · s_x · s_w + b`` in fp32, cast to ``dtype``."""
+    def unbiased(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(x.reshape(-1, self.in_features), None)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _dequantize(self, acc: torch.Tensor, sx: torch.Tensor, dtype: torch.dtype,
+                    bias: torch.Tensor | None):
+        """acc (M, N) → ``acc · s_x · s_w + bias`` in fp32, cast to ``dtype``."""
         y = acc.float() * sx * self.weight_scale
-        if self.bias is not None:
-            y = y + self.bias.float()
+        if bias is not None:
+            y = y + bias.float()
         return y.to(dtype)
 
     def extra_repr(self) -> str:
@@ -181,16 +192,16 @@ class Fp8Linear(_QuantLinear):
                                 if on_cuda and scaled_mm_works(device, dt))
         self.backend = self.kernel if torch.bfloat16 in self.native_out else "reference"
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x (M, K) → (M, N)
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         xq, sx = quantize_fp8_rows(x)  # (M, K) e4m3, (M, 1)
         if self.backend == self.kernel:
             out = x.dtype if x.dtype in self.native_out else torch.bfloat16
-            bias = None if self.bias is None else self.bias.to(out)
+            bias = None if bias is None else bias.to(out)
             y = torch._scaled_mm(xq, self.qweight.t(), scale_a=sx, scale_b=self.weight_scale,
                                  bias=bias, out_dtype=out, use_fast_accum=self.fast_accum)
             return y.to(x.dtype)
         # the kernel's arithmetic: exact products of e4m3 codes, fp32 sums, scales after
-        return self._dequantize(xq.float() @ self.qweight.float().t(), sx, x.dtype)
+        return self._dequantize(xq.float() @ self.qweight.float().t(), sx, x.dtype, bias)
 
 
 class Int8Linear(_QuantLinear):
@@ -206,13 +217,13 @@ class Int8Linear(_QuantLinear):
         self.backend = (self.kernel if int_mm_works(str(self.qweight.device))
                         else "reference")
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x (M, K) → (M, N)
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         xq, sx = quantize_int8_rows(x)  # (M, K) int8, (M, 1)
         if self.backend == self.kernel:
             acc = int_mm(xq, self.qweight.t())  # (M, N) int32
         else:
             acc = xq.float() @ self.qweight.float().t()
-        return self._dequantize(acc, sx, x.dtype)
+        return self._dequantize(acc, sx, x.dtype, bias)
 
 
 QUANTIZED = {"fp8": Fp8Linear, "int8": Int8Linear}
@@ -261,12 +272,15 @@ def _linear_slots(model: nn.Module):
                 yield (f"{prefix}.{attr}" if prefix else attr), parent, attr, child
 
 
-def _cannot(parent: nn.Module, m: nn.Linear) -> str | None:
-    """Why ``m`` cannot become a quantized module, or None."""
+def _cannot(parent: nn.Module, attr: str, m: nn.Linear) -> str | None:
+    """Why ``m`` (``parent.<attr>``) cannot become a quantized module, or None. fasttrain's
+    layers call their linear layers, or ``layers.linear.linear`` (a quantized layer is a
+    ``BiasApart``), except where a module names the children whose weights it reads itself
+    (``reads_linear_weights``: the language models' tied head)."""
     if type(m).forward is not nn.Linear.forward:
         return f"{type(m).__name__} has its own forward"
-    if isinstance(parent, nn.MultiheadAttention) or type(parent).__module__.startswith(
-            "fasttrain.layers"):
+    if isinstance(parent, nn.MultiheadAttention) or attr in getattr(
+            parent, "reads_linear_weights", ()):
         return f"its parent {type(parent).__name__} reads its weight directly"
     if type(m.weight) not in (torch.Tensor, nn.Parameter):
         return f"its weight is a {type(m.weight).__name__}, not a plain tensor"
@@ -298,7 +312,7 @@ def quantize_linears(model: nn.Module, mode: Literal["fp8", "int8"],
         why = keep(name, m) if keep is not None else False
         if why:
             report.kept[name] = why if isinstance(why, str) else "keep() chose 16-bit"
-        elif (why := _cannot(parent, m)) is not None:
+        elif (why := _cannot(parent, attr, m)) is not None:
             report.skipped[name] = why
         else:
             done[id(m)] = QUANTIZED[mode].from_linear(m)

@@ -3,9 +3,9 @@
 Each rung is a complete configuration of the same forward pass (not a patch on the previous
 one), so any subset runs on its own; in the default order each adds one thing to the rung
 before it, after the Swin article's inference half: fp32 → fp16, the source's baseline → fused
-attention → compile → CUDA graphs → fasttrain's forward-only kernels; fp8 and INT8 linears go
-on the CUDA-graphs rung. The two peer rungs are what a user gets from PyTorch alone on the same model: eager fp16
-as the library ships it, and ``torch.compile(mode="reduce-overhead")``; they use no fasttrain
+attention → compile → CUDA graphs → fasttrain's forward-only kernels → fp8 or INT8 linears
+(each on the kernels rung). The two peer rungs are what a user gets from PyTorch alone on the
+same model: eager fp16 as the library ships it, and ``torch.compile(mode="reduce-overhead")``; they use no fasttrain
 code but the measuring harness and the image normalisation every rung shares.
 """
 from __future__ import annotations
@@ -67,15 +67,13 @@ RUNGS: dict[str, InferRung] = {r.name: r for r in (
               compile="reduce-overhead", requires=("cuda",)),
     InferRung("kernels", "+ fasttrain's layers and forward kernels (converted in place)",
               compile="reduce-overhead", convert=True, requires=("cuda",)),
-    # The quantized rungs build on the library model under CUDA graphs, not on kernels:
-    # fasttrain's fused layers read their linear weights themselves, so a quantized linear
-    # inside them would not be used.
-    InferRung("fp8", "CUDA graphs, the library's attention, float8 linears: e4m3 weights per "
-              "channel, activations per token", fused_attention=None, compile="reduce-overhead",
-              quant="fp8", requires=("cuda", "sm89")),
-    InferRung("int8", "CUDA graphs, the library's attention, INT8 linears: weights per "
-              "channel, activations per token", fused_attention=None, compile="reduce-overhead",
-              quant="int8", requires=("cuda",)),
+    # The quantized rungs build on kernels: fasttrain's fused layers run their linear layers
+    # through layers.linear.linear, which takes the 8-bit layers too (BiasApart), so the fused
+    # bias + GELU and norm kernels stay around the quantized GEMMs.
+    InferRung("fp8", "+ float8 linears (e4m3 weights per channel, activations per token)",
+              compile="reduce-overhead", convert=True, quant="fp8", requires=("cuda", "sm89")),
+    InferRung("int8", "+ INT8 linears (weights per channel, activations per token)",
+              compile="reduce-overhead", convert=True, quant="int8", requires=("cuda",)),
 )}
 DEFAULT_RUNGS = tuple(RUNGS)
 

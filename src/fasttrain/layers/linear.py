@@ -2,7 +2,9 @@
 themselves (bias + GELU, the blocks' fused LayerNorms), the outputs of several linear
 layers of one input from one GEMM (``stacked``), and a linear layer whose GEMM runs on an
 output width padded to a multiple of N (``PaddedLinear``, the ``gemm_pad`` switch), and one
-whose three matmuls run in float8 (``Float8Linear``, the ``fp8`` switch)."""
+whose three matmuls run in float8 (``Float8Linear``, the ``fp8`` switch). ``BiasApart`` is
+what a linear layer of another kind (the inference path's 8-bit ones) implements to keep the
+fused paths."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -14,7 +16,21 @@ from torch import nn
 from ..kernels import fp8_linear as fp8
 
 
-class PaddedLinear(nn.Linear):
+class BiasApart:
+    """A linear layer that can run its matmul without its bias, so that a fused path adds the
+    bias itself (``linear(layer, x, bias=False)``): it keeps the bias to add as ``bias`` and
+    computes the rest in ``unbiased``. fasttrain's swaps of ``nn.Linear`` are such layers, and so
+    are the inference path's fp8 and INT8 layers, which is what lets the blocks' fused norms and
+    the bias + GELU kernel keep working on a quantized model."""
+
+    bias: torch.Tensor | None
+
+    def unbiased(self, x: torch.Tensor) -> torch.Tensor:
+        """``self(x)`` less the bias."""
+        raise NotImplementedError
+
+
+class PaddedLinear(BiasApart, nn.Linear):
     """``nn.Linear`` whose GEMM runs on ``padded`` outputs (out_features rounded up to a multiple
     of N): the weight (and bias) padded with zero rows inside the forward, where compile fuses
     the padding into autocast's cast of the weight, and the extra outputs sliced off. The
@@ -33,11 +49,14 @@ class PaddedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x)
 
+    def unbiased(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, bias=False)
+
     def extra_repr(self) -> str:
         return super().extra_repr() + f", padded={self.padded}"
 
 
-class Float8Linear(nn.Linear):
+class Float8Linear(BiasApart, nn.Linear):
     """An ``nn.Linear`` whose forward runs ``kernels.fp8_linear.fp8_linear``: same parameters, same state dict.
 
     The fp8 technique turns a model's ``nn.Linear`` layers into this class in place
@@ -47,6 +66,9 @@ class Float8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8.fp8_linear(x, self.weight, self.bias)
 
+    def unbiased(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8.fp8_linear(x, self.weight, None)
+
 
 FP8_ALIGN, FP8_LARGE = fp8.ALIGN, fp8.LARGE  # the shapes and sizes the fp8 switch picks
 
@@ -54,22 +76,21 @@ FP8_ALIGN, FP8_LARGE = fp8.ALIGN, fp8.LARGE  # the shapes and sizes the fp8 swit
 def linear(layer: nn.Linear, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
     """``layer(x)``; with ``bias=False`` without the bias, which a fused kernel adds instead: the
     layer's own matmul, in float8 where the fp8 technique made it a ``Float8Linear``, on padded
-    outputs where ``gemm_pad`` made it a ``PaddedLinear``."""
+    outputs where ``gemm_pad`` made it a ``PaddedLinear``, in 8 bits where the inference path
+    quantized it (any ``BiasApart``)."""
     if bias:
         return layer(x)
-    if isinstance(layer, PaddedLinear):
-        return layer.matmul(x, bias=False)
-    if isinstance(layer, Float8Linear):
-        return fp8.fp8_linear(x, layer.weight, None)
+    if isinstance(layer, BiasApart):
+        return layer.unbiased(x)
     return F.linear(x, layer.weight)
 
 
 def bias_apart(layer: nn.Module) -> bool:
     """Whether ``linear(layer, x, bias=False)`` computes ``layer(x)`` less its bias: a plain
-    ``nn.Linear`` or one of the two kinds fasttrain swaps in. A layer another library put in
-    its place (a LoRA wrapper, say) does more than its weight, so a fused path that adds the
-    bias itself must call it whole instead."""
-    return type(layer) in (nn.Linear, PaddedLinear, Float8Linear)
+    ``nn.Linear`` or one of the kinds fasttrain swaps in (``BiasApart``). A layer another library
+    put in its place (a LoRA wrapper, say) does more than its weight, so a fused path that adds
+    the bias itself must call it whole instead."""
+    return type(layer) is nn.Linear or isinstance(layer, BiasApart)
 
 
 def _plain(p: torch.Tensor | None) -> bool:

@@ -133,6 +133,8 @@ def _init_weights(module: nn.Module) -> None:
 
 
 class Llama(TokenEmbeddingStream, nn.Module):
+    reads_linear_weights = ("lm_head",)  # the head's weight goes to the loss kernel as a tensor
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.cfg = cfg
