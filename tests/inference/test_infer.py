@@ -232,6 +232,12 @@ def test_rungs_in_process(workload, tmp_path):
     assert ("timm ViT Block" if "vit_" in workload else
             "timm Swin block" if "swin" in workload else "LayerNorm") in conv["applied"]["convert"]
 
+    epi = _job(workload, InferRung("e", "x", dtype="float32", convert=True, gelu_epilogue=True),
+               tmp_path)
+    _measured(epi)
+    assert "in the GEMM epilogue ×" in epi["applied"]["epilogue"]
+    assert epi["accuracy"]["agreement"] == 1.0  # the CPU's epilogue GELU is the erf one
+
     # INT8 on the converted model, as the quantized rungs run (fasttrain's layers take the
     # 8-bit linears through layers.linear.linear)
     quant = _job(workload, InferRung("q", "x", dtype="float32", convert=True, quant="int8"),

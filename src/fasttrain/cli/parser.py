@@ -144,7 +144,8 @@ def _infer_parser(sub) -> None:
                      "on CPU)")
     inf.add_argument("--rungs", default="default",
                      help="comma-separated rungs (eager-fp32, eager-fp16, sdpa, compile, graphs, "
-                          "kernels, fp8, int8) or default (all); eager-fp32 always runs first")
+                          "kernels, gemm-gelu, fp8, int8) or default (all); eager-fp32 always "
+                          "runs first")
     inf.add_argument("--batch", type=int, default=64, help="the throughput batch (default 64)")
     inf.add_argument("--images", type=int, default=1024,
                      help="held-out images the accuracy is measured on (default 1024)")

@@ -4,7 +4,7 @@
 what is served: uint8 images ``(B, H, W, 3)`` in, logits ``(B, classes)`` out, the normalisation
 inside, so that every rung, the peers and the exported package take the same input.
 ``prepare`` applies a rung to it in a fixed order — dtype and device → attention → fasttrain's
-layers → quantized linears → compile — and says what each step did.
+layers → quantized linears → GEMM epilogues → compile — and says what each step did.
 """
 from __future__ import annotations
 
@@ -95,6 +95,10 @@ def prepare(model: Classifier, rung: InferRung, device: torch.device) -> tuple[n
 
         report = quantize_linears(model, rung.quant, keep=sensitive_layers(model))
         applied["quant"] = report.summary()
+    if rung.gelu_epilogue:
+        from ..layers.mlp import use_gelu_epilogue
+
+        applied["epilogue"] = "; ".join(use_gelu_epilogue(model))
     for p in model.parameters():
         p.requires_grad_(False)
     if rung.compile:

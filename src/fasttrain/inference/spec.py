@@ -3,10 +3,11 @@
 Each rung is a complete configuration of the same forward pass (not a patch on the previous
 one), so any subset runs on its own; in the default order each adds one thing to the rung
 before it, after the Swin article's inference half: fp32 → fp16, the source's baseline → fused
-attention → compile → CUDA graphs → fasttrain's forward-only kernels → fp8 or INT8 linears
-(each on the kernels rung). The two peer rungs are what a user gets from PyTorch alone on the
-same model: eager fp16 as the library ships it, and ``torch.compile(mode="reduce-overhead")``; they use no fasttrain
-code but the measuring harness and the image normalisation every rung shares.
+attention → compile → CUDA graphs → fasttrain's forward-only kernels → fc1's bias and GELU in
+its GEMM; fp8 or INT8 linears each go on the kernels rung. The two peer rungs are what a user
+gets from PyTorch alone on the same model: eager fp16 as the library ships it, and
+``torch.compile(mode="reduce-overhead")``; they use no fasttrain code but the measuring harness
+and the image normalisation every rung shares.
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ class InferRung:
     """``torch.compile`` mode, or None for eager."""
     convert: bool = False
     """fasttrain's layers and their forward kernels in place of the library modules."""
+    gelu_epilogue: bool = False
+    """fc1's bias and GELU in fc1's GEMM (cuBLASLt's epilogue, the tanh GELU), on fasttrain's
+    MLPs (with ``convert``)."""
     quant: str | None = None
     """fp8 or int8 linear layers (the sensitive ones kept in 16-bit), or None."""
     peer: str | None = None
@@ -67,6 +71,8 @@ RUNGS: dict[str, InferRung] = {r.name: r for r in (
               compile="reduce-overhead", requires=("cuda",)),
     InferRung("kernels", "+ fasttrain's layers and forward kernels (converted in place)",
               compile="reduce-overhead", convert=True, requires=("cuda",)),
+    InferRung("gemm-gelu", "+ fc1's bias and GELU in its GEMM (cuBLASLt epilogue, tanh GELU)",
+              compile="reduce-overhead", convert=True, gelu_epilogue=True, requires=("cuda",)),
     # The quantized rungs build on kernels: fasttrain's fused layers run their linear layers
     # through layers.linear.linear, which takes the 8-bit layers too (BiasApart), so the fused
     # bias + GELU and norm kernels stay around the quantized GEMMs.

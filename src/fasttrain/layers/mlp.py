@@ -20,6 +20,9 @@ class Mlp(FusedPath, nn.Module):
 
     fused_kind, fused_triton = "gelu", True
 
+    gelu_epilogue = False
+    """Set by ``use_gelu_epilogue``: without gradients, fc1's bias and GELU in its GEMM."""
+
     def __init__(self, dim: int, hidden: int, bias: bool = True, approximate: str = "none"):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden, bias=bias)
@@ -39,13 +42,39 @@ class Mlp(FusedPath, nn.Module):
     def forward(self, x: torch.Tensor, fc2_bias: bool = True) -> torch.Tensor:
         """``fc2_bias=False`` leaves fc2's bias out, for the caller to add (``LayerNorm.add``);
         only a plain fc2 is asked to (``bias_apart``). A wrapped fc1 runs whole."""
-        if self.fused and bias_apart(self.fc1):
+        if self.gelu_epilogue and not torch.is_grad_enabled() and self.epilogue_fits():
+            from ..kernels.gemm_epilogue import linear_gelu
+
+            h = linear_gelu(x, self.fc1.weight, self.fc1.bias)
+        elif self.fused and bias_apart(self.fc1):
             from ..kernels.activations import bias_gelu
 
             h = bias_gelu(linear(self.fc1, x, bias=False), self.fc1.bias, self.approximate)
         else:
             h = F.gelu(self.fc1(x), approximate=self.approximate)
         return linear(self.fc2, h, bias=fc2_bias)
+
+
+    def epilogue_fits(self) -> bool:
+        """Whether fc1 can run with its bias and GELU in the GEMM's epilogue: a plain
+        ``nn.Linear`` (not quantized or wrapped) with a bias."""
+        return type(self.fc1) is nn.Linear and self.fc1.bias is not None
+
+
+def use_gelu_epilogue(model: nn.Module) -> list[str]:
+    """Forward only (inference): every :class:`Mlp` of ``model`` whose fc1 fits computes fc1's
+    bias and the GELU in fc1's GEMM (``kernels/gemm_epilogue.py``; the tanh GELU). What it did,
+    one line per kind of outcome; a model that is trained keeps its path (it runs with
+    gradients)."""
+    mlps = [m for m in model.modules() if isinstance(m, Mlp)]
+    fit = [m for m in mlps if m.epilogue_fits()]
+    for m in fit:
+        m.gelu_epilogue = True
+    lines = [f"fc1 bias + GELU (tanh) in the GEMM epilogue ×{len(fit)}"] if fit else []
+    if len(fit) < len(mlps):
+        lines.append(f"{len(mlps) - len(fit)} MLPs kept their path (fc1 quantized, wrapped or "
+                     "without a bias)")
+    return lines or ["no fasttrain MLP to fuse (convert the model first)"]
 
 
 def gelu_pairs(modules: list[nn.Module]) -> list[int]:

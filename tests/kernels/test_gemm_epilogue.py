@@ -1,0 +1,73 @@
+"""``kernels/gemm_epilogue.py``'s linear with bias and GELU in the GEMM, and the MLP switch that
+uses it (``layers.mlp.use_gelu_epilogue``), on the CPU: values against ``F.gelu(F.linear)``
+(torch's CPU path uses the erf GELU; CUDA's epilogue is the tanh one, checked on the GPU),
+shapes, the forward-only rule, the report, bad input."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fasttrain.kernels.gemm_epilogue import linear_gelu
+from fasttrain.layers.mlp import Mlp, use_gelu_epilogue
+
+
+@pytest.mark.parametrize("shape", [(5, 32), (2, 7, 32), (1, 1, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_gelu_matches_linear_then_gelu(shape, dtype):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(shape, dtype=dtype), torch.randn(48, 32, dtype=dtype), \
+        torch.randn(48, dtype=dtype)
+    y = linear_gelu(x, w, b)
+    assert y.shape == (*shape[:-1], 48) and y.dtype == dtype
+    want = F.gelu(F.linear(x.float(), w.float(), b.float()))
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(y.float(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda x, w, b: (x, w, None), "an \\(N,\\) bias"),
+    (lambda x, w, b: (x, w, b[:-1]), "an \\(N,\\) bias"),
+    (lambda x, w, b: (x[..., :-1], w, b), "does not fit"),
+    (lambda x, w, b: (x.double(), w, b), "does not fit"),
+])
+def test_linear_gelu_refuses_what_does_not_fit_in_one_line(bad, match):
+    args = bad(torch.randn(3, 8), torch.randn(4, 8), torch.randn(4))
+    with pytest.raises(ValueError, match=match) as err:
+        linear_gelu(*args)
+    assert "\n" not in str(err.value)
+
+
+def _mlps():
+    torch.manual_seed(0)
+    model = nn.Sequential(Mlp(32, 64), Mlp(32, 64), Mlp(32, 64, bias=False))
+    model[1].fc1 = nn.Sequential(model[1].fc1)  # wrapped by another library: not a plain linear
+    return model
+
+
+def test_the_switch_fuses_plain_fc1_and_reports_the_rest():
+    model = _mlps()
+    lines = use_gelu_epilogue(model)
+    assert [m.gelu_epilogue for m in model] == [True, False, False]
+    assert lines == ["fc1 bias + GELU (tanh) in the GEMM epilogue ×1",
+                     "2 MLPs kept their path (fc1 quantized, wrapped or without a bias)"]
+    assert use_gelu_epilogue(nn.Linear(4, 4)) == [
+        "no fasttrain MLP to fuse (convert the model first)"]
+
+
+def test_the_epilogue_runs_without_gradients_only(monkeypatch):
+    """Forward only: under no_grad the MLP calls the epilogue GEMM; with gradients (training)
+    it keeps its path, whatever the switch says."""
+    import fasttrain.kernels.gemm_epilogue as ge
+
+    model, x = _mlps()[0], torch.randn(2, 5, 32)
+    with torch.no_grad():
+        want = model(x)
+    use_gelu_epilogue(model)
+    calls = []
+    monkeypatch.setattr(ge, "linear_gelu", lambda *a: calls.append(1) or linear_gelu(*a))
+    with torch.no_grad():
+        got = model(x)
+    assert calls == [1]
+    torch.testing.assert_close(got, want)  # the CPU's erf GELU: the same function
+    model(x).sum().backward()
+    assert calls == [1] and model.fc1.weight.grad is not None
