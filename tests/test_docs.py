@@ -122,3 +122,18 @@ def test_an_own_model_row_of_two_kinds_of_gpu_is_one_line(tmp_path, monkeypatch,
     err = _refused_spec(tmp_path, monkeypatch, capsys, "step-vs-loop-vit-base-20261127-0900-h100.jsonl",
                         "step-vs-loop-vit-base-20261127-0405.jsonl")
     assert "H100, H200" in err and "one kind a row" in err
+
+
+def test_an_inference_rung_under_its_gate_gets_no_plain_speed_up():
+    """The inference table names the ladder (``label``) and brackets the ratio of a rung that
+    failed its accuracy gate, as the ladder's own table gives it none."""
+    from fasttrain.report.results_doc import _inference_rows
+
+    def read(name):
+        return [json.loads(line) for line in (ROOT / "benchmarks/results" / name).open()]
+
+    spec = {"file": "infer-timm_vit_base_patch16_224-base-20261127-184920.jsonl",
+            "peer": "peer-compile", "label": "ViT-B/16"}
+    lines = {line[0]: line for line in _inference_rows(spec, read)}
+    assert lines["ViT-B/16: `kernels`"][3] == "(1.11×, gate ✗)"  # 98.9% agreement
+    assert lines["ViT-B/16: `gemm-gelu`"][3] == "1.23×"

@@ -6,7 +6,7 @@ them, ``mode=None``; the kernels are the same ones the graphs replay).
 usage (GPU machine, from the repository root):
   PYTHONPATH=src python3 benchmarks/runs/infer_profile.py timm:vit_base_patch16_224 \
       --rungs peer-compile,kernels,fp8 --batches 1,64 --out $OUT/profile.jsonl
-Writes one JSON row per (rung, batch): the GPU, the ms per call the kernels add up to, and the
+Writes one JSON row per (rung, batch): the GPU and environment, the ms per call the kernels add up to, and the
 kernels (name, calls per forward, ms per forward), largest first; prints the top of each.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from fasttrain.inference.model import load_classifier, prepare
 from fasttrain.inference.spec import PEERS, RUNGS
+from fasttrain.measure.env import environment
 from fasttrain.workloads import load_workload
 
 
@@ -65,7 +66,7 @@ def main() -> None:
                 table = kernel_table(fwd, x, args.calls)
                 total = sum(r["ms"] for r in table)
                 row = {"kind": "inference-profile", "workload": args.workload, "rung": name,
-                       "batch": b, "gpu": gpu, "torch": torch.__version__,
+                       "batch": b, "gpu": gpu, "env": environment(device),
                        "kernel_ms": total, "kernels": table, "applied": applied}
                 with out.open("a") as f:
                     f.write(json.dumps(row) + "\n")

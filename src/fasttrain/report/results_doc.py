@@ -159,21 +159,24 @@ def _ab_table_row(spec: dict, read: _Rows) -> list[str]:
 
 
 def _inference_rows(spec: dict, read: _Rows) -> list[list[str]]:
-    """One line a rung: img/s, p50 latency, × the peer, agreement, top-1 against fp32's."""
+    """One line a rung: img/s, p50 latency, × the peer (in brackets and marked where the rung
+    failed its accuracy gate), agreement, top-1 against fp32's; the rung named after the row's
+    ``label`` where a section holds several ladders."""
     rows = [r for r in read(spec["file"]) if r.get("kind") == "inference"]
     peer = next((r for r in rows if r.get("rung") == spec.get("peer", "peer-compile")), None)
     if peer is None or not peer.get("throughput"):
         raise FasttrainError(f"docs/results.toml: {spec['file']} has no peer row "
                              f"{spec.get('peer', 'peer-compile')}")
-    out = []
+    out, label = [], f"{spec['label']}: " if spec.get("label") else ""
     for r in rows:
         if r.get("error"):
-            out.append([f"`{r['rung']}`", "–", "–", "–", "–", r["error"].splitlines()[0]])
+            out.append([f"{label}`{r['rung']}`", "–", "–", "–", "–",
+                        r["error"].splitlines()[0]])
             continue
-        acc = r["accuracy"]
-        out.append([f"`{r['rung']}`" + (f" ({r['peer']})" if r.get("peer") else ""),
+        acc, x = r["accuracy"], r["throughput"] / peer["throughput"]
+        out.append([f"{label}`{r['rung']}`" + (f" ({r['peer']})" if r.get("peer") else ""),
                     _num(r["throughput"]), f"{r['latency_ms']['p50']:.2f}",
-                    f"{r['throughput'] / peer['throughput']:.2f}×",
+                    f"{x:.2f}×" if acc["passed"] else f"({x:.2f}×, gate ✗)",
                     f"{acc['agreement'] * 100:.1f}%",
                     f"{acc['top1'] * 100:.1f}% / {acc['top1_ref'] * 100:.1f}%"])
     return out
