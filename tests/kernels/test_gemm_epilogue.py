@@ -71,3 +71,28 @@ def test_the_epilogue_runs_without_gradients_only(monkeypatch):
     torch.testing.assert_close(got, want)  # the CPU's erf GELU: the same function
     model(x).sum().backward()
     assert calls == [1] and model.fc1.weight.grad is not None
+
+
+def test_autocast_keeps_the_mlp_path(monkeypatch):
+    """Under autocast (fp32 weights, a bf16 input to fc1) the epilogue GEMM, which takes one
+    dtype, is not called: the MLP computes what autocast always gave it."""
+    import fasttrain.kernels.gemm_epilogue as ge
+
+    model = _mlps()[0]
+    use_gelu_epilogue(model)
+    monkeypatch.setattr(ge, "linear_gelu", lambda *a: pytest.fail("epilogue called"))
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert model(torch.randn(2, 32)).dtype == torch.bfloat16
+
+
+def test_the_epilogue_mlp_compiles_in_one_graph():
+    """Inductor takes ``_addmm_activation`` as an extern call and the checks on grad mode,
+    autocast and dtype as guards: one graph, the eager values."""
+    model = Mlp(32, 64).eval()
+    use_gelu_epilogue(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(3, 5, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))

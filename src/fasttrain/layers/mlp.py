@@ -42,7 +42,9 @@ class Mlp(FusedPath, nn.Module):
     def forward(self, x: torch.Tensor, fc2_bias: bool = True) -> torch.Tensor:
         """``fc2_bias=False`` leaves fc2's bias out, for the caller to add (``LayerNorm.add``);
         only a plain fc2 is asked to (``bias_apart``). A wrapped fc1 runs whole."""
-        if self.gelu_epilogue and not torch.is_grad_enabled() and self.epilogue_fits():
+        if (self.gelu_epilogue and not torch.is_grad_enabled() and self.epilogue_fits()
+                and x.dtype == self.fc1.weight.dtype
+                and not torch.is_autocast_enabled(x.device.type)):
             from ..kernels.gemm_epilogue import linear_gelu
 
             h = linear_gelu(x, self.fc1.weight, self.fc1.bias)
@@ -64,8 +66,8 @@ class Mlp(FusedPath, nn.Module):
 def use_gelu_epilogue(model: nn.Module) -> list[str]:
     """Forward only (inference): every :class:`Mlp` of ``model`` whose fc1 fits computes fc1's
     bias and the GELU in fc1's GEMM (``kernels/gemm_epilogue.py``; the tanh GELU). What it did,
-    one line per kind of outcome; a model that is trained keeps its path (it runs with
-    gradients)."""
+    one line per kind of outcome. A call with gradients (training), under autocast or with an
+    input of another dtype than fc1's weight keeps the MLP's own path."""
     mlps = [m for m in model.modules() if isinstance(m, Mlp)]
     fit = [m for m in mlps if m.epilogue_fits()]
     for m in fit:
