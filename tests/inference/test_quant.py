@@ -319,3 +319,32 @@ def test_a_layer_whose_parent_reads_its_weight_is_skipped_with_the_reason():
     assert report.skipped == {"lm_head": "its parent Llama reads its weight directly"}
     assert type(model.lm_head) is nn.Linear and model.lm_head.weight is model.embed_tokens.weight
     assert report.quantized and all(n.startswith("layers.") for n in report.quantized)
+
+
+def test_a_quantized_layer_subclass_that_overrides_forward_is_not_run_apart():
+    """``bias_apart`` takes fasttrain's BiasApart kinds and their plain subclasses; a subclass
+    that overrides forward (a wrapper doing more than the matmul) must run whole."""
+    from fasttrain.layers.linear import bias_apart
+
+    class Scaled(Int8Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    class Renamed(Int8Linear):
+        pass
+
+    lin = nn.Linear(16, 16)
+    assert not bias_apart(Scaled.from_linear(lin))
+    assert bias_apart(Renamed.from_linear(lin)) and bias_apart(Int8Linear.from_linear(lin))
+
+
+def test_converting_after_quantizing_names_the_order_in_one_line():
+    """The rungs convert, then quantize. The other order leaves a plain MLP's quantized linear
+    unconverted, with the reason, instead of failing on its missing weight."""
+    from fasttrain.converters.apply import convert
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+    quantize_linears(model, "int8")
+    report = convert(model, kernels="none")
+    lines = "\n".join(report.skipped_lines())
+    assert "holds no weight (quantized): convert the model before quantizing it" in lines

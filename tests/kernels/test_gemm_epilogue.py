@@ -1,6 +1,7 @@
 """``kernels/gemm_epilogue.py``'s linear with bias and GELU in the GEMM, and the MLP switch that
 uses it (``layers.mlp.use_gelu_epilogue``), on the CPU: values against ``F.gelu(F.linear)``
-(torch's CPU path uses the erf GELU; CUDA's epilogue is the tanh one, checked on the GPU),
+(torch's CPU path uses the erf GELU; CUDA's epilogue is the tanh one:
+test_gemm_epilogue_gpu.py),
 shapes, the forward-only rule, the report, bad input."""
 import pytest
 import torch
@@ -96,3 +97,20 @@ def test_the_epilogue_mlp_compiles_in_one_graph():
     x = torch.randn(3, 5, 32)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_bias_of_another_dtype_keeps_the_mlp_path(monkeypatch):
+    """bf16 master weights leave the biases in fp32: the epilogue GEMM, which takes one dtype,
+    is not called; the MLP's own path runs."""
+    import fasttrain.kernels.gemm_epilogue as ge
+
+    import fasttrain.kernels.activations as act
+
+    model = Mlp(32, 64).to(torch.bfloat16)
+    model.fc1.bias.data = model.fc1.bias.data.float()
+    model.fused = True  # the bias + GELU kernel adds an fp32 bias (its reference, on the CPU)
+    use_gelu_epilogue(model)
+    monkeypatch.setattr(ge, "linear_gelu", lambda *a: pytest.fail("epilogue called"))
+    monkeypatch.setattr(act, "bias_gelu", act.bias_gelu_reference)
+    with torch.no_grad():
+        assert model(torch.randn(2, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16

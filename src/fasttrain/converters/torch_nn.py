@@ -84,7 +84,13 @@ def has_gelu_pair(m: nn.Module) -> bool:
 
 def sequential_unsupported(m: nn.Module) -> str | None:
     mods = list(m)
-    return dtype_unsupported(*(p for i in gelu_pairs(mods) for p in (mods[i].weight, mods[i].bias)))
+    pairs = gelu_pairs(mods)
+    held = [mods[i] for i in pairs if not isinstance(getattr(mods[i], "weight", None),
+                                                      torch.Tensor)]
+    if held:  # the inference path's 8-bit layers hold codes and scales, not a weight
+        return (f"its {type(held[0]).__name__} holds no weight (quantized): convert the model "
+                "before quantizing it")
+    return dtype_unsupported(*(p for i in pairs for p in (mods[i].weight, mods[i].bias)))
 
 
 def swap_sequential(m: nn.Module) -> None:

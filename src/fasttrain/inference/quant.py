@@ -153,11 +153,13 @@ class _QuantLinear(BiasApart, nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (..., K) → (..., N), x's dtype
-        y = self.matmul(x.reshape(-1, self.in_features), self.bias)  # (M, N)
-        return y.view(*x.shape[:-1], self.out_features)
+        return self._rows(x, self.bias)
 
     def unbiased(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.matmul(x.reshape(-1, self.in_features), None)
+        return self._rows(x, None)
+
+    def _rows(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = self.matmul(x.reshape(-1, self.in_features), bias)  # (M, N)
         return y.view(*x.shape[:-1], self.out_features)
 
     def _dequantize(self, acc: torch.Tensor, sx: torch.Tensor, dtype: torch.dtype,

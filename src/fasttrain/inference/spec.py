@@ -76,9 +76,10 @@ RUNGS: dict[str, InferRung] = {r.name: r for r in (
     # The quantized rungs build on kernels: fasttrain's fused layers run their linear layers
     # through layers.linear.linear, which takes the 8-bit layers too (BiasApart), so the fused
     # bias + GELU and norm kernels stay around the quantized GEMMs.
-    InferRung("fp8", "+ float8 linears (e4m3 weights per channel, activations per token)",
+    InferRung("fp8", "kernels + float8 linears (e4m3 weights per channel, activations per "
+              "token)",
               compile="reduce-overhead", convert=True, quant="fp8", requires=("cuda", "sm89")),
-    InferRung("int8", "+ INT8 linears (weights per channel, activations per token)",
+    InferRung("int8", "kernels + INT8 linears (weights per channel, activations per token)",
               compile="reduce-overhead", convert=True, quant="int8", requires=("cuda",)),
 )}
 DEFAULT_RUNGS = tuple(RUNGS)

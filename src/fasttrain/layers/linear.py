@@ -90,7 +90,17 @@ def bias_apart(layer: nn.Module) -> bool:
     ``nn.Linear`` or one of the kinds fasttrain swaps in (``BiasApart``). A layer another library
     put in its place (a LoRA wrapper, say) does more than its weight, so a fused path that adds
     the bias itself must call it whole instead."""
-    return type(layer) is nn.Linear or isinstance(layer, BiasApart)
+    return type(layer) is nn.Linear or (isinstance(layer, BiasApart)
+                                        and _forward_beside_unbiased(type(layer)))
+
+
+def _forward_beside_unbiased(cls: type) -> bool:
+    """Whether ``cls``'s forward is defined where its ``unbiased`` is, or above: a subclass
+    that overrides ``forward`` alone (a wrapper that does more than the matmul) would have
+    ``unbiased`` skip its extra work."""
+    owner = {name: next(c for c in cls.__mro__ if name in c.__dict__)
+             for name in ("forward", "unbiased")}
+    return owner["forward"] in owner["unbiased"].__mro__
 
 
 def _plain(p: torch.Tensor | None) -> bool:

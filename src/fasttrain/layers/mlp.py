@@ -41,9 +41,10 @@ class Mlp(FusedPath, nn.Module):
 
     def forward(self, x: torch.Tensor, fc2_bias: bool = True) -> torch.Tensor:
         """``fc2_bias=False`` leaves fc2's bias out, for the caller to add (``LayerNorm.add``);
-        only a plain fc2 is asked to (``bias_apart``). A wrapped fc1 runs whole."""
+        only an fc2 that runs apart from its bias is asked to (``bias_apart``: plain, or one of
+        fasttrain's swaps, quantized ones included). A wrapped fc1 runs whole."""
         if (self.gelu_epilogue and not torch.is_grad_enabled() and self.epilogue_fits()
-                and x.dtype == self.fc1.weight.dtype
+                and x.dtype == self.fc1.weight.dtype == self.fc1.bias.dtype
                 and not torch.is_autocast_enabled(x.device.type)):
             from ..kernels.gemm_epilogue import linear_gelu
 
@@ -56,7 +57,6 @@ class Mlp(FusedPath, nn.Module):
             h = F.gelu(self.fc1(x), approximate=self.approximate)
         return linear(self.fc2, h, bias=fc2_bias)
 
-
     def epilogue_fits(self) -> bool:
         """Whether fc1 can run with its bias and GELU in the GEMM's epilogue: a plain
         ``nn.Linear`` (not quantized or wrapped) with a bias."""
@@ -66,8 +66,8 @@ class Mlp(FusedPath, nn.Module):
 def use_gelu_epilogue(model: nn.Module) -> list[str]:
     """Forward only (inference): every :class:`Mlp` of ``model`` whose fc1 fits computes fc1's
     bias and the GELU in fc1's GEMM (``kernels/gemm_epilogue.py``; the tanh GELU). What it did,
-    one line per kind of outcome. A call with gradients (training), under autocast or with an
-    input of another dtype than fc1's weight keeps the MLP's own path."""
+    one line per kind of outcome. A call with gradients (training), under autocast, or whose
+    input, fc1 weight and bias are not of one dtype keeps the MLP's own path."""
     mlps = [m for m in model.modules() if isinstance(m, Mlp)]
     fit = [m for m in mlps if m.epilogue_fits()]
     for m in fit:
@@ -81,7 +81,8 @@ def use_gelu_epilogue(model: nn.Module) -> list[str]:
 
 def gelu_pairs(modules: list[nn.Module]) -> list[int]:
     """Indices i where ``modules[i]`` is a linear layer ``linear`` can run without its bias (a
-    plain ``nn.Linear``, or one the fp8 or gemm_pad switches made) and ``modules[i + 1]`` an
+    plain ``nn.Linear``, or a ``BiasApart`` one: the fp8 or gemm_pad switches', the inference
+    path's 8-bit layers) and ``modules[i + 1]`` an
     ``nn.GELU``: the pairs the bias + GELU kernel computes, none overlapping."""
     out: list[int] = []
     for i in range(len(modules) - 1):

@@ -176,7 +176,7 @@ def _inference_rows(spec: dict, read: _Rows) -> list[list[str]]:
         acc, x = r["accuracy"], r["throughput"] / peer["throughput"]
         out.append([f"{label}`{r['rung']}`" + (f" ({r['peer']})" if r.get("peer") else ""),
                     _num(r["throughput"]), f"{r['latency_ms']['p50']:.2f}",
-                    f"{x:.2f}×" if acc["passed"] else f"({x:.2f}×, gate ✗)",
+                    f"{x:.2f}×" if acc.get("passed", True) else f"({x:.2f}×, gate ✗)",
                     f"{acc['agreement'] * 100:.1f}%",
                     f"{acc['top1'] * 100:.1f}% / {acc['top1_ref'] * 100:.1f}%"])
     return out
