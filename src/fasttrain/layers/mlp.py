@@ -82,8 +82,8 @@ def use_gelu_epilogue(model: nn.Module) -> list[str]:
 def gelu_pairs(modules: list[nn.Module]) -> list[int]:
     """Indices i where ``modules[i]`` is a linear layer ``linear`` can run without its bias (a
     plain ``nn.Linear``, or a ``BiasApart`` one: the fp8 or gemm_pad switches', the inference
-    path's 8-bit layers) and ``modules[i + 1]`` an
-    ``nn.GELU``: the pairs the bias + GELU kernel computes, none overlapping."""
+    path's 8-bit layers) and ``modules[i + 1]`` an ``nn.GELU``: the pairs the bias + GELU
+    kernel computes, none overlapping."""
     out: list[int] = []
     for i in range(len(modules) - 1):
         if (bias_apart(modules[i]) and type(modules[i + 1]) is nn.GELU
