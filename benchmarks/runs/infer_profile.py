@@ -6,8 +6,8 @@ them, ``mode=None``; the kernels are the same ones the graphs replay).
 usage (GPU machine, from the repository root):
   PYTHONPATH=src python3 benchmarks/runs/infer_profile.py timm:vit_base_patch16_224 \
       --rungs peer-compile,kernels,fp8 --batches 1,64 --out $OUT/profile.jsonl
-Writes one JSON row per (rung, batch): the GPU and environment, the ms per call the kernels add up to, and the
-kernels (name, calls per forward, ms per forward), largest first; prints the top of each.
+Writes one JSON row per (rung, batch): the environment, the ms per call the kernels add up to,
+and the kernels (name, calls per forward, ms per forward), largest first; prints the top of each.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 from fasttrain.inference.model import load_classifier, prepare
 from fasttrain.inference.spec import PEERS, RUNGS
 from fasttrain.measure.env import environment
+from fasttrain.measure.files import append_line
 from fasttrain.workloads import load_workload
 
 
@@ -51,7 +52,6 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device("cuda")
     wl = load_workload(args.workload, "base", seed=0)
-    gpu = torch.cuda.get_device_name()
     out = Path(args.out)
     for name in args.rungs.split(","):
         rung = {**RUNGS, **PEERS}[name]
@@ -66,10 +66,9 @@ def main() -> None:
                 table = kernel_table(fwd, x, args.calls)
                 total = sum(r["ms"] for r in table)
                 row = {"kind": "inference-profile", "workload": args.workload, "rung": name,
-                       "batch": b, "gpu": gpu, "env": environment(device),
+                       "batch": b, "env": environment(device),
                        "kernel_ms": total, "kernels": table, "applied": applied}
-                with out.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+                append_line(out, json.dumps(row))
                 print(f"== {name} b{b}: {total:.3f} ms of kernels per forward "
                       f"({sum(r['per_call'] for r in table):.0f} launches)")
                 for r in table[:12]:

@@ -7,6 +7,7 @@ what a linear layer of another kind (the inference path's 8-bit ones) implements
 fused paths."""
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -94,10 +95,11 @@ def bias_apart(layer: nn.Module) -> bool:
                                         and _forward_beside_unbiased(type(layer)))
 
 
+@functools.cache
 def _forward_beside_unbiased(cls: type) -> bool:
     """Whether ``cls``'s forward is defined where its ``unbiased`` is, or above: a subclass
     that overrides ``forward`` alone (a wrapper that does more than the matmul) would have
-    ``unbiased`` skip its extra work."""
+    ``unbiased`` skip its extra work. Once a class: the fused paths ask at every forward."""
     owner = {name: next(c for c in cls.__mro__ if name in c.__dict__)
              for name in ("forward", "unbiased")}
     return owner["forward"] in owner["unbiased"].__mro__
