@@ -258,6 +258,16 @@ def test_compile_rung_in_process(tmp_path):
     assert row["accuracy"]["max_logit_dev"] < 1e-3
 
 
+def test_capture_under_reduce_overhead_is_refused():
+    with pytest.raises(FasttrainError, match="capture records its own CUDA graphs; compile "
+                                             "with mode default"):
+        InferRung("bad", "two graph layers", compile="reduce-overhead", capture=True)
+
+
+def test_captured_rung_needs_a_gpu():
+    assert check_device(RUNGS["captured"], CPU) == "needs a CUDA GPU"
+
+
 def test_a_rung_without_the_reference_is_an_error(tmp_path):
     with pytest.raises(FasttrainError, match="no fp32 reference logits"):
         _job("vit", RUNGS["sdpa"], tmp_path)

@@ -34,7 +34,7 @@ def test_gpu_rungs_run_and_report_against_fp32(workload, tmp_path):
     pytest.importorskip("timm")
     ref = _row(workload, "eager-fp32", tmp_path)
     assert ref["error"] is None and ref["accuracy"]["agreement"] == 1.0
-    for rung in ("graphs", "kernels", "gemm-gelu", "int8") + (("fp8",) if
+    for rung in ("graphs", "kernels", "gemm-gelu", "captured", "int8") + (("fp8",) if
                                                   torch.cuda.get_device_capability() >= (8, 9)
                                                   else ()):
         row = _row(workload, rung, tmp_path)
@@ -42,10 +42,12 @@ def test_gpu_rungs_run_and_report_against_fp32(workload, tmp_path):
         assert row["throughput"] > 0 and row["latency_ms"]["p50"] > 0
         acc = row["accuracy"]
         assert acc["images"] == 64 and acc["max_logit_dev"] < 1.0, (rung, acc)
-        if rung in ("kernels", "gemm-gelu", "fp8", "int8"):  # all build on kernels
+        if rung in ("kernels", "gemm-gelu", "captured", "fp8", "int8"):  # on kernels
             assert "nothing converted" not in row["applied"]["convert"]
-        if rung == "gemm-gelu":
+        if rung in ("gemm-gelu", "captured"):
             assert "in the GEMM epilogue ×" in row["applied"]["epilogue"]
+        if rung == "captured":  # the throughput batch and batch 1, each its own graph
+            assert row["applied"]["capture"].count("now kernels") == 2, row["applied"]
         if rung in ("fp8", "int8"):
             assert row["applied"]["quant"]["quantized"] > 0
             assert row["applied"]["quant"]["backends"].get("reference", 0) == 0

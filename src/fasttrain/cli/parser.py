@@ -142,10 +142,11 @@ def _infer_parser(sub) -> None:
                      help="an image classifier: timm:NAME, vit or swin (default vit)")
     inf.add_argument("--size", default=None, help="tiny | base (default: base on CUDA, tiny "
                      "on CPU)")
+    from ..inference.spec import RUNGS  # names only: no torch
+
     inf.add_argument("--rungs", default="default",
-                     help="comma-separated rungs (eager-fp32, eager-fp16, sdpa, compile, graphs, "
-                          "kernels, gemm-gelu, fp8, int8) or default (all); eager-fp32 always "
-                          "runs first")
+                     help=f"comma-separated rungs ({', '.join(RUNGS)}) or default (all); "
+                          "eager-fp32 always runs first")
     inf.add_argument("--batch", type=int, default=64, help="the throughput batch (default 64)")
     inf.add_argument("--images", type=int, default=1024,
                      help="held-out images the accuracy is measured on (default 1024)")

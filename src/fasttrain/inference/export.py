@@ -46,7 +46,8 @@ def export_job(child: ChildSpec) -> dict:
     package = Path(args.pop("package"))
     spec = InferSpec(**args)
     rung = spec.rung_config()
-    rung = type(rung)(**{**asdict(rung), "compile": None})  # AOTInductor compiles it
+    # AOTInductor compiles it; capturing it in CUDA graphs is the server's business
+    rung = type(rung)(**{**asdict(rung), "compile": None, "capture": False})
     device = torch.device(spec.device)
     wl = load_workload(spec.workload, spec.size, seed=0, data=spec.data, **spec.options)
     images, _ = bench.eval_images(wl, spec.images, Path(spec.workdir))

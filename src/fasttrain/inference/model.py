@@ -4,7 +4,8 @@
 what is served: uint8 images ``(B, H, W, 3)`` in, logits ``(B, classes)`` out, the normalisation
 inside, so that every rung, the peers and the exported package take the same input.
 ``prepare`` applies a rung to it in a fixed order — dtype and device → attention → fasttrain's
-layers → quantized linears → GEMM epilogues → compile — and says what each step did.
+layers → quantized linears → GEMM epilogues → compile → fasttrain's own CUDA graphs — and
+says what each step did.
 """
 from __future__ import annotations
 
@@ -104,7 +105,11 @@ def prepare(model: Classifier, rung: InferRung, device: torch.device) -> tuple[n
     if rung.compile:
         applied["compile"] = rung.compile
         mode = None if rung.compile == "default" else rung.compile
-        return torch.compile(model, mode=mode, dynamic=False), applied
+        model = torch.compile(model, mode=mode, dynamic=False)
+    if rung.capture:
+        from .capture import CapturedForward
+
+        return CapturedForward(model, applied), applied
     return model, applied
 
 

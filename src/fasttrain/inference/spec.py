@@ -4,10 +4,10 @@ Each rung is a complete configuration of the same forward pass (not a patch on t
 one), so any subset runs on its own; in the default order each adds one thing to the rung
 before it, after the Swin article's inference half: fp32 → fp16, the source's baseline → fused
 attention → compile → CUDA graphs → fasttrain's forward-only kernels → fc1's bias and GELU in
-its GEMM; fp8 or INT8 linears each go on the kernels rung. The two peer rungs are what a user
-gets from PyTorch alone on the same model: eager fp16 as the library ships it, and
-``torch.compile(mode="reduce-overhead")``; they use no fasttrain code but the measuring harness
-and the image normalisation every rung shares.
+its GEMM → fasttrain's own CUDA graphs (memsets as kernel nodes); fp8 or INT8 linears each go
+on the kernels rung. The two peer rungs are what a user gets from PyTorch alone on the same
+model: eager fp16 as the library ships it, and ``torch.compile(mode="reduce-overhead")``; they
+use no fasttrain code but the measuring harness and the image normalisation every rung shares.
 """
 from __future__ import annotations
 
@@ -43,6 +43,10 @@ class InferRung:
     gelu_epilogue: bool = False
     """fc1's bias and GELU in fc1's GEMM (cuBLASLt's epilogue, the tanh GELU), on fasttrain's
     MLPs (with ``convert``)."""
+    capture: bool = False
+    """fasttrain's own CUDA graph per input shape (``inference/capture.py``), in place of
+    compile's ``reduce-overhead`` graphs: the small memsets cuBLAS and cuDNN issue before their
+    kernels become kernel nodes, which the next kernel follows sooner."""
     quant: str | None = None
     """fp8 or int8 linear layers (the sensitive ones kept in 16-bit), or None."""
     peer: str | None = None
@@ -57,6 +61,9 @@ class InferRung:
         if self.compile not in COMPILE_MODES:
             raise FasttrainError(f"rung {self.name}: compile mode {self.compile!r} is not one of "
                                  f"{', '.join(str(m) for m in COMPILE_MODES)}")
+        if self.capture and self.compile == "reduce-overhead":
+            raise FasttrainError(f"rung {self.name}: capture records its own CUDA graphs; "
+                                 "compile with mode default, not reduce-overhead")
         if self.quant not in QUANT_MODES:
             raise FasttrainError(f"rung {self.name}: quant {self.quant!r} is not fp8 or int8")
 
@@ -73,6 +80,9 @@ RUNGS: dict[str, InferRung] = {r.name: r for r in (
               compile="reduce-overhead", convert=True, requires=("cuda",)),
     InferRung("gemm-gelu", "+ fc1's bias and GELU in its GEMM (cuBLASLt epilogue, tanh GELU)",
               compile="reduce-overhead", convert=True, gelu_epilogue=True, requires=("cuda",)),
+    InferRung("captured", "+ fasttrain's own CUDA graphs, cuBLAS's workspace memsets as kernel "
+              "nodes", compile="default", convert=True, gelu_epilogue=True, capture=True,
+              requires=("cuda",)),
     # The quantized rungs build on kernels: fasttrain's fused layers run their linear layers
     # through layers.linear.linear, which takes the 8-bit layers too (BiasApart), so the fused
     # bias + GELU and norm kernels stay around the quantized GEMMs.

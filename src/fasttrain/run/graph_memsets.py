@@ -211,3 +211,17 @@ def rewrite(graph: torch.cuda.CUDAGraph, max_bytes: int = 4096) -> RewriteResult
         _replace(raw, node, p, func)
         done += 1
     return RewriteResult(rewritten=done, kept=kept, nodes=len(nodes))
+
+
+def rewrite_then_instantiate(graph: torch.cuda.CUDAGraph) -> str:
+    """Rewrite ``graph``'s small memsets (captured with ``keep_graph=True``), instantiate it, and
+    say what the rewrite did; a driver call that fails leaves the nodes not yet replaced as
+    memsets, and the line says where it stopped."""
+    try:
+        r = rewrite(graph)
+        note = (f"{r.rewritten} of the graph's {r.nodes} nodes were memsets, now kernels"
+                + (f"; {r.kept} larger memsets kept" if r.kept else ""))
+    except GraphRewriteError as err:
+        note = f"rewrite stopped ({err}); the rest of the graph as captured"
+    graph.instantiate()
+    return note

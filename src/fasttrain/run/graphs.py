@@ -18,7 +18,7 @@ import torch
 
 from ..errors import FasttrainError
 from ..workloads.base import Batch
-from .graph_memsets import GraphRewriteError, rewrite
+from .graph_memsets import rewrite_then_instantiate
 
 
 class GraphedStep:
@@ -87,12 +87,6 @@ class GraphedStep:
 
     def _rewrite(self) -> None:
         """The captured graph's small memsets as kernel nodes, then instantiate it."""
-        try:
-            r = rewrite(self.graph)
-            note = (f"{r.rewritten} of the graph's {r.nodes} nodes were memsets, now kernels"
-                    + (f"; {r.kept} larger memsets kept" if r.kept else ""))
-        except GraphRewriteError as err:  # the nodes not yet replaced stay memsets
-            note = f"rewrite stopped ({err}); the rest of the graph as captured"
-        self.graph.instantiate()
+        note = rewrite_then_instantiate(self.graph)
         if self.report is not None:
             self.report(note)

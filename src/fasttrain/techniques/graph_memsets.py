@@ -16,8 +16,13 @@ import torch
 from .base import Phase, Technique, TrainState
 
 
+def keeps_graph() -> bool:
+    """Whether this torch's CUDAGraph can keep its graph after capture for editing."""
+    return "keep_graph" in inspect.signature(torch.cuda.CUDAGraph.__new__).parameters
+
+
 def _unmet(recipe, device_type: str) -> str | None:
-    if "keep_graph" not in inspect.signature(torch.cuda.CUDAGraph.__new__).parameters:
+    if not keeps_graph():
         return (f"graph_memset_kernels needs a torch whose CUDAGraph takes keep_graph "
                 f"(this is {torch.__version__})")
     return None
