@@ -3,7 +3,8 @@
 Public API (imported lazily so ``import fasttrain`` stays cheap):
 ``Recipe``, ``load_workload``, ``Workload``, ``SimpleWorkload``, ``train``, ``run_ladder``,
 ``convert`` (a timm or transformers model's classes swapped for fasttrain's layers, in place),
-``Step`` (your own training loop's step, made fast).
+``Step`` (your own training loop's step, made fast), ``serve`` (a model prepared for inference
+as a rung of the inference ladder: fused layers, GEMM epilogues, compile, CUDA graphs).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ _LAZY = {
     "FasttrainError": ("fasttrain.errors", "FasttrainError"),
     "convert": ("fasttrain.converters", "convert"),
     "Step": ("fasttrain.run.step", "Step"),
+    "serve": ("fasttrain.inference.serve", "serve"),
 }
 
 

@@ -77,7 +77,7 @@ def set_attention(model: nn.Module, fused: bool) -> str:
     return f"{'SDPA' if fused else 'written-out'} attention in {len(mods)} modules"
 
 
-def prepare(model: Classifier, rung: InferRung, device: torch.device) -> tuple[nn.Module, dict]:
+def prepare(model: nn.Module, rung: InferRung, device: torch.device) -> tuple[nn.Module, dict]:
     """``model`` prepared as ``rung`` asks, and what each step did (the row's ``applied``).
     The peers keep the library's attention setting and get only dtype and compile."""
     applied: dict[str, Any] = {}
