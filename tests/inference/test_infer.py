@@ -381,6 +381,16 @@ def test_notes_name_errors_skips_and_quantized_layers():
     assert len(got) == 4
 
 
+def test_notes_say_what_a_rung_adds_to_the_converted_layers():
+    convert = "timm ViT Block ×12"
+    rows = [{"rung": "kernels", "applied": {"convert": convert}},
+            {"rung": "gemm-gelu", "applied": {"convert": convert, "epilogue": "fc1 ×12"}},
+            {"rung": "captured", "applied": {"convert": convert, "epilogue": "fc1 ×12",
+                                             "capture": "input 64: 24 … now kernels"}}]
+    assert notes(rows)[1:] == ["kernels: timm ViT Block ×12", "gemm-gelu: fc1 ×12",
+                               "captured: fc1 ×12; CUDA graphs: input 64: 24 … now kernels"]
+
+
 def test_line_of_a_row():
     rows = _rows()
     assert line(rows[2]).startswith("rung sdpa  img/s 123,457")
