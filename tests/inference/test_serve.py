@@ -77,6 +77,19 @@ def test_bad_input_is_one_line(args, needle):
         fasttrain.serve(*args)
 
 
+@pytest.mark.skipif(CUDA, reason="the refusal of a machine without a GPU")
+def test_cuda_without_a_gpu_is_one_line():
+    with pytest.raises(FasttrainError, match="device cuda: this machine has no CUDA GPU; serve "
+                                             "on device='cpu'"):
+        fasttrain.serve(nn.Linear(2, 2), "eager-fp32", device="cuda")
+
+
+def test_a_capture_rung_of_your_own_is_refused_on_the_cpu():
+    rung = InferRung("mine", "captured eagerly", dtype="float32", capture=True)
+    with pytest.raises(FasttrainError, match="rung mine cannot serve on cpu: needs a CUDA GPU"):
+        fasttrain.serve(nn.Linear(2, 2), rung, device="cpu")
+
+
 def test_a_call_with_no_tensor_is_refused():
     served = fasttrain.serve(nn.Linear(2, 2), "eager-fp32", device="cpu")
     with pytest.raises(FasttrainError, match="a served model takes one tensor \\(a batch\\), "
@@ -94,5 +107,6 @@ def test_captured_rung_serves_a_timm_vit():
     with torch.no_grad():
         want = reference(x)
     got = served(x)
-    assert got.dtype == torch.float16 and "now kernels" in served.applied["capture"]
+    assert got.dtype == torch.float16
+    assert served.applied["capture"].startswith("input 8×3×32×32 float16: ")
     assert (got.float() - want).abs().max() < 1.0  # fp16 and the tanh GELU, as the ladder's bound

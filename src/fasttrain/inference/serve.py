@@ -61,6 +61,12 @@ def serve(model: nn.Module, rung: str | InferRung = "captured",
         raise FasttrainError(f"serve takes a torch.nn.Module, not {type(model).__name__}")
     r = _rung(rung)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise FasttrainError(f"device {dev}: this machine has no CUDA GPU; serve on "
+                                 "device='cpu'")
+        if dev.index is None:  # pinned now, not whichever GPU is current at each call
+            dev = torch.device("cuda", torch.cuda.current_device())
     why = check_device(r, dev)
     if why is not None:
         raise FasttrainError(f"rung {r.name} cannot serve on {dev}: {why}; pick a rung that "
@@ -70,5 +76,6 @@ def serve(model: nn.Module, rung: str | InferRung = "captured",
     quant = applied.get("quant") or {}
     if r.quant and not quant.get("quantized"):
         raise FasttrainError(f"rung {r.name} quantizes nothing in {type(model).__name__}: "
-                             f"{quant.get('line')}; serve it with a 16-bit rung")
+                             f"{quant.get('line')}; serve it with a 16-bit rung (the model "
+                             "was already cast and converted in place: build it again)")
     return Served(forward, r, applied, dev)

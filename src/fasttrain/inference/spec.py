@@ -45,8 +45,9 @@ class InferRung:
     MLPs (with ``convert``)."""
     capture: bool = False
     """fasttrain's own CUDA graph per input shape (``inference/capture.py``), in place of
-    compile's ``reduce-overhead`` graphs: the small memsets cuBLAS and cuDNN issue before their
-    kernels become kernel nodes, which the next kernel follows sooner."""
+    compile's ``reduce-overhead`` graphs: a plain replay, without cudagraph trees' host checks at
+    every call, and the small memsets cuBLAS and cuDNN issue before their kernels rewritten as
+    kernel nodes, which the next kernel follows sooner."""
     quant: str | None = None
     """fp8 or int8 linear layers (the sensitive ones kept in 16-bit), or None."""
     peer: str | None = None

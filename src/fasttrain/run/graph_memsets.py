@@ -219,7 +219,8 @@ def rewrite_then_instantiate(graph: torch.cuda.CUDAGraph) -> str:
     memsets, and the line says where it stopped."""
     try:
         r = rewrite(graph)
-        note = (f"{r.rewritten} of the graph's {r.nodes} nodes were memsets, now kernels"
+        note = (f"no memsets among the graph's {r.nodes} nodes" if not r.rewritten + r.kept else
+                f"{r.rewritten} of the graph's {r.nodes} nodes were memsets, now kernels"
                 + (f"; {r.kept} larger memsets kept" if r.kept else ""))
     except GraphRewriteError as err:
         note = f"rewrite stopped ({err}); the rest of the graph as captured"

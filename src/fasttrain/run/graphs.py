@@ -12,13 +12,34 @@ instantiated; ``report`` receives a line saying what the rewrite did.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 import torch
 
 from ..errors import FasttrainError
 from ..workloads.base import Batch
 from .graph_memsets import rewrite_then_instantiate
+
+
+T = TypeVar("T")
+
+
+def record(body: Callable[[], T], memset_kernels: bool, refused: str,
+           stream: Optional[torch.cuda.Stream] = None) -> tuple[torch.cuda.CUDAGraph, T]:
+    """``body()`` captured in a new CUDA graph, and what it returned. With ``memset_kernels`` the
+    graph is kept for editing: the caller rewrites its memsets and instantiates it
+    (``rewrite_then_instantiate``). A RuntimeError inside the capture (a host sync, a copy to
+    the CPU) becomes one line: ``refused``, its ``{first}`` the error's first line.
+    ``thread_local``: another thread querying CUDA events (a DataLoader's pin-memory thread)
+    would invalidate a capture in the default, global mode."""
+    graph = torch.cuda.CUDAGraph(keep_graph=True) if memset_kernels else torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            out = body()
+    except RuntimeError as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise FasttrainError(refused.format(first=first)) from None
+    return graph, out
 
 
 class GraphedStep:
@@ -66,20 +87,12 @@ class GraphedStep:
             return loss
         if self.graph is None:
             self.optimizer.zero_grad(set_to_none=True)
-            self.graph = torch.cuda.CUDAGraph(keep_graph=True) if self.memset_kernels \
-                else torch.cuda.CUDAGraph()
-            # thread_local: the DataLoader's pin-memory thread keeps querying CUDA events while
-            # the main thread captures; in the default (global) mode that invalidates the capture.
-            try:
-                with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                    self.static_loss = self.core(self.static, self.static_count)
-            except RuntimeError as err:  # a host sync or a CPU copy inside the step
-                first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-                raise FasttrainError(
-                    f"cuda_graphs: the step could not be captured ({first}): the model's forward "
-                    "or loss waits for the GPU (.item(), a print or an if on a tensor, a copy "
-                    "to the CPU, a shape that depends on the data); take that out of the step "
-                    "or turn cuda_graphs off") from None
+            self.graph, self.static_loss = record(
+                lambda: self.core(self.static, self.static_count), self.memset_kernels,
+                "cuda_graphs: the step could not be captured ({first}): the model's forward or "
+                "loss waits for the GPU (.item(), a print or an if on a tensor, a copy to the "
+                "CPU, a shape that depends on the data); take that out of the step or turn "
+                "cuda_graphs off")
             if self.memset_kernels:
                 self._rewrite()
         self.graph.replay()
