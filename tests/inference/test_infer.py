@@ -250,6 +250,30 @@ def test_rungs_in_process(workload, tmp_path):
     assert skipped["skipped"] == "needs a CUDA GPU" and skipped["throughput"] is None
 
 
+def test_a_plain_pytorch_model_of_your_own_in_process(tmp_path):
+    """examples/vit.py's ViT (no timm, no fasttrain in it), whose data set gives float images:
+    the reference, fp16 with SDPA, and fasttrain's layers with the GELU epilogue in fp32."""
+    wl = "examples.vit:make_workload"
+    ref = _job(wl, RUNGS[REFERENCE], tmp_path)
+    _measured(ref)
+    saved = torch.load(tmp_path / bench.EVAL_FILE, weights_only=True)["images"]
+    assert saved.dtype == torch.float32 and saved.shape == (20, 3, 32, 32)
+    fp16 = _job(wl, RUNGS["sdpa"], tmp_path)
+    _measured(fp16)
+    assert 0 < fp16["accuracy"]["max_logit_dev"] < 0.1
+    conv = _job(wl, InferRung("e", "x", dtype="float32", convert=True, gelu_epilogue=True),
+                tmp_path)
+    _measured(conv)
+    assert conv["applied"]["convert"] and "in the GEMM epilogue ×" in conv["applied"]["epilogue"]
+    assert conv["accuracy"]["agreement"] == 1.0
+
+
+def test_a_forward_that_gives_no_logits_is_one_line():
+    with pytest.raises(FasttrainError, match=re.escape(
+            "the model's forward gave (4,) for 4 images, not logits (batch, classes)")):
+        bench.all_logits(lambda x: x.sum((1, 2, 3)), torch.zeros(4, 3, 2, 2), 4, CPU)
+
+
 def test_compile_rung_in_process(tmp_path):
     _job("vit", RUNGS[REFERENCE], tmp_path)
     row = _job("vit", InferRung("k", "compiled", dtype="float32", compile="default"), tmp_path)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasttrain.kernels.gemm_epilogue import linear_gelu
-from fasttrain.layers.mlp import Mlp, use_gelu_epilogue
+from fasttrain.layers.mlp import GeluSequential, Mlp, use_gelu_epilogue
 
 
 @pytest.mark.parametrize("shape", [(5, 32), (2, 7, 32), (1, 1, 32)])
@@ -72,6 +72,28 @@ def test_the_epilogue_runs_without_gradients_only(monkeypatch):
     torch.testing.assert_close(got, want)  # the CPU's erf GELU: the same function
     model(x).sum().backward()
     assert calls == [1] and model.fc1.weight.grad is not None
+
+
+def test_a_plain_sequential_mlp_takes_the_epilogue_for_each_pair(monkeypatch):
+    """A converted ``nn.Sequential`` MLP of your own (GeluSequential): each Linear → GELU pair
+    runs in the epilogue without gradients, the same values as the Sequential; with
+    gradients its own path."""
+    import fasttrain.kernels.gemm_epilogue as ge
+
+    torch.manual_seed(0)
+    mods = (nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32), nn.GELU(), nn.Linear(32, 8))
+    plain = nn.Sequential(*mods)
+    seq = GeluSequential(*mods)
+    seq.fused = False
+    assert use_gelu_epilogue(seq) == ["fc1 bias + GELU (tanh) in the GEMM epilogue ×1"]
+    calls = []
+    monkeypatch.setattr(ge, "linear_gelu", lambda *a: calls.append(1) or linear_gelu(*a))
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(seq(x), plain(x))  # the CPU's erf GELU: the same function
+    assert calls == [1, 1]
+    seq(x).sum().backward()
+    assert calls == [1, 1] and mods[0].weight.grad is not None
 
 
 def test_autocast_keeps_the_mlp_path(monkeypatch):

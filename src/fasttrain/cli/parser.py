@@ -139,7 +139,8 @@ def _infer_parser(sub) -> None:
     inf = sub.add_parser("infer", help="the inference ladder: latency, throughput and "
                          "accuracy against fp32, rung by rung, beside PyTorch's best")
     inf.add_argument("workload", nargs="?", default="vit",
-                     help="an image classifier: timm:NAME, vit or swin (default vit)")
+                     help="an image classifier: timm:NAME, vit, swin or your own module:function "
+                          "workload of unit img (default vit)")
     inf.add_argument("--size", default=None, help="tiny | base (default: base on CUDA, tiny "
                      "on CPU)")
     from ..inference.spec import RUNGS  # names only: no torch

@@ -41,8 +41,9 @@ def _save(path: Path, obj) -> None:
 
 
 def eval_images(wl: Workload, count: int, workdir: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """``count`` images of the workload's data set (spread evenly over it) as uint8
-    (N, H, W, 3) and their labels; decoded once and kept in ``workdir`` for the other rungs."""
+    """``count`` images of the workload's data set (spread evenly over it) and their labels:
+    uint8 (N, H, W, 3) from fasttrain's and timm's image workloads, floating point from a model
+    of your own; decoded once and kept in ``workdir`` for the other rungs."""
     path = workdir / EVAL_FILE
     if path.exists():
         saved = torch.load(path, weights_only=True)
@@ -55,9 +56,10 @@ def eval_images(wl: Workload, count: int, workdir: Path) -> tuple[torch.Tensor, 
     items = [data[int(i)] for i in picks]
     images = torch.stack([it["images"] for it in items])
     labels = torch.stack([it["labels"] for it in items])
-    if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[-1] != 3:
+    if not (images.is_floating_point() or images.dtype == torch.uint8 and images.dim() == 4
+            and images.shape[-1] == 3):
         raise FasttrainError(f"{wl.name}: its images are {tuple(images.shape)} "
-                             f"{images.dtype}, not uint8 (N, H, W, 3)")
+                             f"{images.dtype}, neither uint8 (N, H, W, 3) nor floating point")
     _save(path, {"images": images, "labels": labels})
     return images, labels
 
@@ -77,7 +79,14 @@ def all_logits(fwd: Forward, images: torch.Tensor, batch: int,
         n = len(chunk)
         if n < batch:
             chunk = torch.cat([chunk, chunk[:1].expand(batch - n, *chunk.shape[1:])])
-        out.append(fwd(chunk.to(device, non_blocking=True))[:n].float().cpu())
+        logits = fwd(chunk.to(device, non_blocking=True))
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or len(logits) != batch:
+            got = (tuple(logits.shape) if isinstance(logits, torch.Tensor)
+                   else type(logits).__name__)
+            raise FasttrainError(f"the model's forward gave {got} for {batch} images, not "
+                                 "logits (batch, classes): fasttrain infer serves models whose "
+                                 "forward maps a batch of images to logits")
+        out.append(logits[:n].float().cpu())
     return torch.cat(out)
 
 

@@ -47,7 +47,7 @@ def infer_job(child: ChildSpec) -> dict:
                     "skipped": f"nothing quantized: {quant.get('line')}"}
         x = images[:spec.batch].to(device)
         if len(x) < spec.batch:  # fewer held-out images than the batch: repeat them
-            x = x.repeat((spec.batch + len(x) - 1) // len(x), 1, 1, 1)[:spec.batch]
+            x = x.repeat((spec.batch + len(x) - 1) // len(x), *[1] * (x.dim() - 1))[:spec.batch]
         flops = bench.count_flops(fwd, x) if rung.name == REFERENCE else reference["flops"]
         logits = bench.all_logits(fwd, images, spec.batch, device)
         warmup_s = time.perf_counter() - t0

@@ -21,7 +21,12 @@ from .spec import InferRung
 
 
 class Classifier(nn.Module):
-    """uint8 images (B, H, W, 3) → logits (B, classes), forward only."""
+    """A batch of images → logits (B, classes), forward only.
+
+    timm's models (inside the workloads' ImageClassifier) and fasttrain's own ViT and Swin take
+    uint8 images (B, H, W, 3) and normalise them inside. A model of your own (a ``module:function``
+    workload counting images) takes the images its data set gives, a floating-point batch cast
+    to the model's dtype."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -29,15 +34,21 @@ class Classifier(nn.Module):
         # A timm model sits inside the workloads' ImageClassifier (.model); fasttrain's own
         # ViT and Swin give logits as head(features(images)) and normalise inside features.
         self.timm = model.model if hasattr(model, "input_dtype") else None
-        if self.timm is None and not (hasattr(model, "features") and hasattr(model, "head")):
-            raise FasttrainError(
-                f"{type(model).__name__} is not an image classifier fasttrain infer serves "
-                "(it serves timm:… image models and the vit and swin workloads)")
+        self.own = self.timm is None and hasattr(model, "features") and hasattr(model, "head")
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.timm is not None:
             return self.timm(normalize_images(images, self.model.input_dtype()))
-        return self.model.head(self.model.features(images))
+        if self.own:
+            return self.model.head(self.model.features(images))
+        if images.is_floating_point():
+            images = images.to(_float_dtype(self.model, images.dtype))
+        return self.model(images)
+
+
+def _float_dtype(model: nn.Module, default: torch.dtype) -> torch.dtype:
+    """The dtype of ``model``'s first floating-point parameter (what a rung cast it to)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), default)
 
 
 def require_classifier(wl: Workload, name: str) -> None:
@@ -45,7 +56,7 @@ def require_classifier(wl: Workload, name: str) -> None:
     if wl.unit != "img":
         raise FasttrainError(f"fasttrain infer serves image classifiers; {name} is not one "
                              f"(it counts {'tokens' if wl.unit == 'tok' else wl.unit + 's'}; use "
-                             "timm:…, vit or swin)")
+                             "timm:…, vit, swin or a module:function workload of unit img)")
 
 
 def load_classifier(wl: Workload, checkpoint: str | None = None) -> Classifier:

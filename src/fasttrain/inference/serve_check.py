@@ -32,7 +32,7 @@ def main(package, images_file, out_file, batch, iters, warmup, device):
         logits = torch.cat([run(images[i:i + batch].to(device)).float().cpu()
                             for i in range(0, len(images), batch)])
         x = images[:batch].to(device)
-        x = x.repeat((batch + len(x) - 1) // len(x), 1, 1, 1)[:batch]
+        x = x.repeat((batch + len(x) - 1) // len(x), *[1] * (x.dim() - 1))[:batch]
         for _ in range(warmup):
             run(x)
         _sync(device)

@@ -43,9 +43,7 @@ class Mlp(FusedPath, nn.Module):
         """``fc2_bias=False`` leaves fc2's bias out, for the caller to add (``LayerNorm.add``);
         only an fc2 that runs apart from its bias is asked to (``bias_apart``: plain, or one of
         fasttrain's swaps, quantized ones included). A wrapped fc1 runs whole."""
-        if (self.gelu_epilogue and not torch.is_grad_enabled() and self.epilogue_fits()
-                and x.dtype == self.fc1.weight.dtype == self.fc1.bias.dtype
-                and not torch.is_autocast_enabled(x.device.type)):
+        if self.gelu_epilogue and epilogue_applies(self.fc1, x):
             from ..kernels.gemm_epilogue import linear_gelu
 
             h = linear_gelu(x, self.fc1.weight, self.fc1.bias)
@@ -58,17 +56,31 @@ class Mlp(FusedPath, nn.Module):
         return linear(self.fc2, h, bias=fc2_bias)
 
     def epilogue_fits(self) -> bool:
-        """Whether fc1 can run with its bias and GELU in the GEMM's epilogue: a plain
-        ``nn.Linear`` (not quantized or wrapped) with a bias."""
-        return type(self.fc1) is nn.Linear and self.fc1.bias is not None
+        """Whether fc1 can run with its bias and GELU in the GEMM's epilogue."""
+        return epilogue_fits(self.fc1)
+
+
+def epilogue_fits(fc: nn.Module) -> bool:
+    """Whether ``fc`` can run with its bias and a GELU in its GEMM's epilogue: a plain
+    ``nn.Linear`` (not quantized or wrapped) with a bias."""
+    return type(fc) is nn.Linear and fc.bias is not None
+
+
+def epilogue_applies(fc: nn.Module, x: torch.Tensor) -> bool:
+    """Whether this call of ``fc`` on ``x`` takes the epilogue: it fits, no gradients are
+    recorded, no autocast, and ``x``, the weight and the bias are of one dtype."""
+    return (epilogue_fits(fc) and not torch.is_grad_enabled()
+            and x.dtype == fc.weight.dtype == fc.bias.dtype
+            and not torch.is_autocast_enabled(x.device.type))
 
 
 def use_gelu_epilogue(model: nn.Module) -> list[str]:
-    """Forward only (inference): every :class:`Mlp` of ``model`` whose fc1 fits computes fc1's
-    bias and the GELU in fc1's GEMM (``kernels/gemm_epilogue.py``; the tanh GELU). What it did,
+    """Forward only (inference): every :class:`Mlp` of ``model`` whose fc1 fits, and every
+    :class:`GeluSequential` with a Linear → GELU pair that fits, computes that linear layer's
+    bias and the GELU in its GEMM (``kernels/gemm_epilogue.py``; the tanh GELU). What it did,
     one line per kind of outcome. A call with gradients (training), under autocast, or whose
-    input, fc1 weight and bias are not of one dtype keeps the MLP's own path."""
-    mlps = [m for m in model.modules() if isinstance(m, Mlp)]
+    input, weight and bias are not of one dtype keeps the module's own path."""
+    mlps = [m for m in model.modules() if isinstance(m, (Mlp, GeluSequential))]
     fit = [m for m in mlps if m.epilogue_fits()]
     for m in fit:
         m.gelu_epilogue = True
@@ -100,9 +112,17 @@ class GeluSequential(FusedPath, nn.Sequential):
 
     fused_kind, fused_triton = "gelu", True
 
+    gelu_epilogue = False
+    """Set by ``use_gelu_epilogue``: without gradients, each pair's bias and GELU in its GEMM."""
+
     def use_fused(self, on: bool) -> list[str]:
         self.fused = on
         return ["bias + GELU in one Triton kernel"]  # Mlp's words: the report counts them together
+
+    def epilogue_fits(self) -> bool:
+        """Whether a Linear → GELU pair can run with its bias and GELU in the GEMM's epilogue."""
+        mods = list(self)
+        return any(epilogue_fits(mods[i]) for i in gelu_pairs(mods))
 
     def fp32_params(self) -> list[nn.Parameter]:
         """The pairs' linear biases, added in fp32 inside the kernel (as ``Mlp.fp32_params``)."""
@@ -112,15 +132,21 @@ class GeluSequential(FusedPath, nn.Sequential):
         return [mods[i].bias for i in gelu_pairs(mods) if mods[i].bias is not None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fused:
+        epilogue = self.gelu_epilogue and not torch.is_grad_enabled()
+        if not (self.fused or epilogue):
             return super().forward(x)
-        from ..kernels.activations import bias_gelu
-
         mods = list(self)
         pairs = gelu_pairs(mods)
         i = 0
         while i < len(mods):
-            if i in pairs:  # Linear → GELU: the matmul, then its bias and the GELU in one kernel
+            if i in pairs and epilogue and epilogue_applies(mods[i], x):  # bias + GELU in the GEMM
+                from ..kernels.gemm_epilogue import linear_gelu
+
+                x = linear_gelu(x, mods[i].weight, mods[i].bias)
+                i += 2
+            elif i in pairs and self.fused:  # the matmul, then bias and GELU in one kernel
+                from ..kernels.activations import bias_gelu
+
                 x = bias_gelu(linear(mods[i], x, bias=False), mods[i].bias, mods[i + 1].approximate)
                 i += 2
             else:
