@@ -629,7 +629,8 @@ def test_bad_infer_options(capsys, bad, extra, needle):
 
 
 @pytest.mark.parametrize("workload,needle", [
-    ("llama", "serves image classifiers; llama is not one (it counts tokens; use timm:…, vit or swin)"),
+    ("llama", "serves image classifiers; llama is not one (it counts tokens; use timm:…, vit, "
+              "swin or a module:function workload of unit img)"),
     ("nosuch", "unknown workload 'nosuch'"),
 ])
 def test_infer_of_what_is_not_an_image_classifier(capsys, tmp_path, workload, needle):

@@ -17,7 +17,7 @@ from fasttrain.cli import main
 from fasttrain.errors import FasttrainError
 from fasttrain.inference import bench
 from fasttrain.inference.job import infer_job
-from fasttrain.inference.model import check_device, load_classifier
+from fasttrain.inference.model import Classifier, check_device, load_classifier, prepare
 from fasttrain.inference.spec import (GATE, RUNGS, InferRung, InferSpec, REFERENCE,
                                       rungs_named)
 from fasttrain.report.inference import inference_table, line, notes
@@ -268,10 +268,47 @@ def test_a_plain_pytorch_model_of_your_own_in_process(tmp_path):
     assert conv["accuracy"]["agreement"] == 1.0
 
 
-def test_a_forward_that_gives_no_logits_is_one_line():
+def test_a_cnn_of_your_own_with_features_and_head_runs_its_own_forward(tmp_path):
+    """examples/cnn.py's model has ``features`` and ``head`` attributes, as fasttrain's ViT and
+    Swin do, but its own forward (a pooling between them): the classifier calls that."""
+    _measured(_job("examples.cnn:make_workload", RUNGS[REFERENCE], tmp_path))
+
+
+def test_a_model_of_your_own_gets_its_input_in_the_rungs_dtype():
+    """The input is cast to the rung's dtype, not to a parameter's: this model has none."""
+    class Buffers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("w", torch.randn(12, 5))
+
+        def forward(self, x):
+            return x.flatten(1) @ self.w
+
+    model, _ = prepare(Classifier(Buffers()), InferRung("h", "fp16", fused_attention=None), CPU)
+    assert model(torch.randn(2, 3, 2, 2)).dtype == torch.float16
+
+
+@pytest.mark.parametrize("fwd,needle", [
+    (lambda x: x.sum((1, 2, 3)), "the model's forward gave (4,) for 4 images, not logits "
+                                 "(batch, classes)"),
+    (lambda x: (x, x), "the model's forward gave tuple for 4 images, not logits"),
+    (lambda x: x.flatten(1)[:2], "the model's forward gave (2, 12) for 4 images, not logits"),
+    (lambda x, labels: x, "the model's forward does not take one batch of images (<lambda>() "
+                          "missing 1 required positional argument: 'labels')"),
+])
+def test_a_forward_that_gives_no_logits_is_one_line(fwd, needle):
+    with pytest.raises(FasttrainError, match=re.escape(needle)):
+        bench.all_logits(fwd, torch.zeros(4, 3, 2, 2), 4, CPU)
+
+
+def test_images_neither_uint8_nor_float_are_refused(tmp_path):
+    from fasttrain import SimpleWorkload
+
+    data = [{"images": torch.zeros(3, 4, 4, dtype=torch.int64), "labels": torch.tensor(0)}] * 4
+    wl = SimpleWorkload(name="ints", build=nn.Identity, data=data, unit="img")
     with pytest.raises(FasttrainError, match=re.escape(
-            "the model's forward gave (4,) for 4 images, not logits (batch, classes)")):
-        bench.all_logits(lambda x: x.sum((1, 2, 3)), torch.zeros(4, 3, 2, 2), 4, CPU)
+            "ints: its images are (4, 3, 4, 4) torch.int64, neither uint8 nor floating point")):
+        bench.eval_images(wl, 4, tmp_path)
 
 
 def test_compile_rung_in_process(tmp_path):

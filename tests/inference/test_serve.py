@@ -84,6 +84,13 @@ def test_cuda_without_a_gpu_is_one_line():
         fasttrain.serve(nn.Linear(2, 2), "eager-fp32", device="cuda")
 
 
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_a_gpu_index_past_the_machines_is_one_line():
+    n = torch.cuda.device_count()
+    with pytest.raises(FasttrainError, match=f"device cuda:{n}: this machine has {n} GPU"):
+        fasttrain.serve(nn.Linear(2, 2), "eager-fp32", device=f"cuda:{n}")
+
+
 def test_a_capture_rung_of_your_own_is_refused_on_the_cpu():
     rung = InferRung("mine", "captured eagerly", dtype="float32", capture=True)
     with pytest.raises(FasttrainError, match="rung mine cannot serve on cpu: needs a CUDA GPU"):

@@ -50,7 +50,7 @@ def test_the_switch_fuses_plain_fc1_and_reports_the_rest():
     lines = use_gelu_epilogue(model)
     assert [m.gelu_epilogue for m in model] == [True, False, False]
     assert lines == ["fc1 bias + GELU (tanh) in the GEMM epilogue ×1",
-                     "2 MLPs kept their path (fc1 quantized, wrapped or without a bias)"]
+                     "2 kept their path (fc1 quantized, wrapped or without a bias)"]
     assert use_gelu_epilogue(nn.Linear(4, 4)) == [
         "no fasttrain MLP to fuse (convert the model first)"]
 
@@ -85,7 +85,7 @@ def test_a_plain_sequential_mlp_takes_the_epilogue_for_each_pair(monkeypatch):
     plain = nn.Sequential(*mods)
     seq = GeluSequential(*mods)
     seq.fused = False
-    assert use_gelu_epilogue(seq) == ["fc1 bias + GELU (tanh) in the GEMM epilogue ×1"]
+    assert use_gelu_epilogue(seq) == ["fc1 bias + GELU (tanh) in the GEMM epilogue ×2"]
     calls = []
     monkeypatch.setattr(ge, "linear_gelu", lambda *a: calls.append(1) or linear_gelu(*a))
     x = torch.randn(3, 32)
@@ -94,6 +94,30 @@ def test_a_plain_sequential_mlp_takes_the_epilogue_for_each_pair(monkeypatch):
     assert calls == [1, 1]
     seq(x).sum().backward()
     assert calls == [1, 1] and mods[0].weight.grad is not None
+
+
+def test_a_sequential_pair_that_does_not_fit_keeps_the_fused_path(monkeypatch):
+    """Fused and epilogue both on: the plain pair takes the epilogue; the pair whose linear has
+    no bias (which the epilogue needs) takes the bias + GELU kernel; the report counts both."""
+    import fasttrain.kernels.activations as act
+    import fasttrain.kernels.gemm_epilogue as ge
+
+    torch.manual_seed(0)
+    mods = (nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16, bias=False), nn.GELU())
+    plain = nn.Sequential(*mods)
+    seq = GeluSequential(*mods)
+    seq.fused = True
+    assert use_gelu_epilogue(seq) == ["fc1 bias + GELU (tanh) in the GEMM epilogue ×1",
+                                      "1 kept their path (fc1 quantized, wrapped or without a "
+                                      "bias)"]
+    epi, kernel = [], []
+    monkeypatch.setattr(ge, "linear_gelu", lambda *a: epi.append(1) or linear_gelu(*a))
+    monkeypatch.setattr(act, "bias_gelu", lambda *a: kernel.append(1) or
+                        act.bias_gelu_reference(*a))
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(seq(x), plain(x))
+    assert epi == [1] and kernel == [1]
 
 
 def test_autocast_keeps_the_mlp_path(monkeypatch):

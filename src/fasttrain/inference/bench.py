@@ -56,10 +56,9 @@ def eval_images(wl: Workload, count: int, workdir: Path) -> tuple[torch.Tensor, 
     items = [data[int(i)] for i in picks]
     images = torch.stack([it["images"] for it in items])
     labels = torch.stack([it["labels"] for it in items])
-    if not (images.is_floating_point() or images.dtype == torch.uint8 and images.dim() == 4
-            and images.shape[-1] == 3):
+    if not (images.is_floating_point() or images.dtype == torch.uint8):
         raise FasttrainError(f"{wl.name}: its images are {tuple(images.shape)} "
-                             f"{images.dtype}, neither uint8 (N, H, W, 3) nor floating point")
+                             f"{images.dtype}, neither uint8 nor floating point")
     _save(path, {"images": images, "labels": labels})
     return images, labels
 
@@ -79,7 +78,13 @@ def all_logits(fwd: Forward, images: torch.Tensor, batch: int,
         n = len(chunk)
         if n < batch:
             chunk = torch.cat([chunk, chunk[:1].expand(batch - n, *chunk.shape[1:])])
-        logits = fwd(chunk.to(device, non_blocking=True))
+        try:
+            logits = fwd(chunk.to(device, non_blocking=True))
+        except TypeError as err:  # a forward that takes other arguments than one batch
+            first = (str(err).strip().splitlines() or [""])[0][:160]
+            raise FasttrainError(f"the model's forward does not take one batch of images "
+                                 f"({first}): fasttrain infer serves models whose forward maps "
+                                 "a batch of images to logits") from None
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or len(logits) != batch:
             got = (tuple(logits.shape) if isinstance(logits, torch.Tensor)
                    else type(logits).__name__)

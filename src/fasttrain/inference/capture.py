@@ -92,6 +92,7 @@ class CapturedForward:
 
     def _instantiate(self, x: torch.Tensor, graph: torch.cuda.CUDAGraph) -> None:
         """Rewrite the memsets of a graph kept after capture, instantiate it, and say so."""
-        name = f"{'×'.join(map(str, x.shape))} {str(x.dtype).removeprefix('torch.')}"
+        name = f"{'×'.join(map(str, x.shape))} {str(x.dtype).removeprefix('torch.')}" + (
+            f" on {x.device}" if x.device.index else "")
         self.notes[name] = rewrite_then_instantiate(graph) if self.memset_kernels else self.as_is
         self.applied["capture"] = "; ".join(f"input {k}: {v}" for k, v in self.notes.items())

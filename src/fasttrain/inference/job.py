@@ -48,8 +48,8 @@ def infer_job(child: ChildSpec) -> dict:
         x = images[:spec.batch].to(device)
         if len(x) < spec.batch:  # fewer held-out images than the batch: repeat them
             x = x.repeat((spec.batch + len(x) - 1) // len(x), *[1] * (x.dim() - 1))[:spec.batch]
+        logits = bench.all_logits(fwd, images, spec.batch, device)  # checks the output first
         flops = bench.count_flops(fwd, x) if rung.name == REFERENCE else reference["flops"]
-        logits = bench.all_logits(fwd, images, spec.batch, device)
         warmup_s = time.perf_counter() - t0
         speed = bench.throughput(fwd, x, spec.iters, spec.warmup, device)
         # single calls are cheap and their tail is what p90 is about: at least 100 on a GPU

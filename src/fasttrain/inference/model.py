@@ -1,8 +1,9 @@
 """The forward-only model of a workload, prepared as one rung asks.
 
 ``Classifier`` turns a workload's training model (images and labels in, summed loss out) into
-what is served: uint8 images ``(B, H, W, 3)`` in, logits ``(B, classes)`` out, the normalisation
-inside, so that every rung, the peers and the exported package take the same input.
+what is served: a batch of images in, logits ``(B, classes)`` out — for timm's and fasttrain's
+own models uint8 images ``(B, H, W, 3)`` with the normalisation inside, so that every rung, the
+peers and the exported package take the same input.
 ``prepare`` applies a rung to it in a fixed order — dtype and device → attention → fasttrain's
 layers → quantized linears → GEMM epilogues → compile → fasttrain's own CUDA graphs — and
 says what each step did.
@@ -26,15 +27,19 @@ class Classifier(nn.Module):
     timm's models (inside the workloads' ImageClassifier) and fasttrain's own ViT and Swin take
     uint8 images (B, H, W, 3) and normalise them inside. A model of your own (a ``module:function``
     workload counting images) takes the images its data set gives, a floating-point batch cast
-    to the model's dtype."""
+    to ``input_dtype`` (the rung's dtype, set by ``prepare``)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
+        from ..workloads.swin import Swin
+        from ..workloads.vit import ViT
+
         self.model = model
+        self.input_dtype = torch.float32
         # A timm model sits inside the workloads' ImageClassifier (.model); fasttrain's own
         # ViT and Swin give logits as head(features(images)) and normalise inside features.
         self.timm = model.model if hasattr(model, "input_dtype") else None
-        self.own = self.timm is None and hasattr(model, "features") and hasattr(model, "head")
+        self.own = isinstance(model, (ViT, Swin))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.timm is not None:
@@ -42,13 +47,8 @@ class Classifier(nn.Module):
         if self.own:
             return self.model.head(self.model.features(images))
         if images.is_floating_point():
-            images = images.to(_float_dtype(self.model, images.dtype))
+            images = images.to(self.input_dtype)
         return self.model(images)
-
-
-def _float_dtype(model: nn.Module, default: torch.dtype) -> torch.dtype:
-    """The dtype of ``model``'s first floating-point parameter (what a rung cast it to)."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), default)
 
 
 def require_classifier(wl: Workload, name: str) -> None:
@@ -93,6 +93,8 @@ def prepare(model: nn.Module, rung: InferRung, device: torch.device) -> tuple[nn
     The peers keep the library's attention setting and get only dtype and compile."""
     applied: dict[str, Any] = {}
     model = model.to(device=device, dtype=getattr(torch, rung.dtype))
+    if isinstance(model, Classifier):  # a model of your own takes its float input in this dtype
+        model.input_dtype = getattr(torch, rung.dtype)
     if rung.peer is None and rung.fused_attention is not None:
         applied["attention"] = set_attention(model, rung.fused_attention)
     if rung.convert:

@@ -67,6 +67,9 @@ def serve(model: nn.Module, rung: str | InferRung = "captured",
                                  "device='cpu'")
         if dev.index is None:  # pinned now, not whichever GPU is current at each call
             dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.index >= torch.cuda.device_count():
+            raise FasttrainError(f"device {dev}: this machine has {torch.cuda.device_count()} "
+                                 "GPU(s), numbered from 0")
     why = check_device(r, dev)
     if why is not None:
         raise FasttrainError(f"rung {r.name} cannot serve on {dev}: {why}; pick a rung that "

@@ -80,14 +80,18 @@ def use_gelu_epilogue(model: nn.Module) -> list[str]:
     bias and the GELU in its GEMM (``kernels/gemm_epilogue.py``; the tanh GELU). What it did,
     one line per kind of outcome. A call with gradients (training), under autocast, or whose
     input, weight and bias are not of one dtype keeps the module's own path."""
-    mlps = [m for m in model.modules() if isinstance(m, (Mlp, GeluSequential))]
+    mlps = [m for m in model.modules() if isinstance(m, Mlp)]
+    seqs = [m for m in model.modules() if isinstance(m, GeluSequential)]
     fit = [m for m in mlps if m.epilogue_fits()]
-    for m in fit:
+    pairs = [[epilogue_fits(list(m)[i]) for i in gelu_pairs(list(m))] for m in seqs]
+    for m in fit + [m for m, p in zip(seqs, pairs) if any(p)]:
         m.gelu_epilogue = True
-    lines = [f"fc1 bias + GELU (tanh) in the GEMM epilogue ×{len(fit)}"] if fit else []
-    if len(fit) < len(mlps):
-        lines.append(f"{len(mlps) - len(fit)} MLPs kept their path (fc1 quantized, wrapped or "
-                     "without a bias)")
+    fits, kept = len(fit) + sum(map(sum, pairs)), len(mlps) - len(fit)
+    kept_pairs = sum(len(p) - sum(p) for p in pairs)
+    lines = [f"fc1 bias + GELU (tanh) in the GEMM epilogue ×{fits}"] if fits else []
+    if kept or kept_pairs:
+        lines.append(f"{kept + kept_pairs} kept their path (fc1 quantized, wrapped or without a "
+                     "bias)")
     return lines or ["no fasttrain MLP to fuse (convert the model first)"]
 
 
