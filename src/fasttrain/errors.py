@@ -83,6 +83,12 @@ def missing_dependency(package: str, err: ModuleNotFoundError) -> str | None:
     return dep if dep and dep != package.split(".")[0] else None
 
 
+def first_line(err: BaseException, width: int = 160) -> str:
+    """The first line of ``err``'s message, at most ``width`` characters (its type's name when
+    the message is empty): what a one-line refusal quotes of the error behind it."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:width]
+
+
 def describe_error(err: BaseException, width: int = 300) -> str:
     """``Type: first line`` of an exception, plus the first exception of its chain when that is a
     different one: a CUDA graph capture reports "operation failed due to a previous error during

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..errors import FasttrainError
+from ..errors import FasttrainError, first_line
 from ..measure.files import write_atomic
 from ..workloads.base import Workload
 from .spec import GATE
@@ -81,9 +81,8 @@ def all_logits(fwd: Forward, images: torch.Tensor, batch: int,
         try:
             logits = fwd(chunk.to(device, non_blocking=True))
         except TypeError as err:  # a forward that takes other arguments than one batch
-            first = (str(err).strip().splitlines() or [""])[0][:160]
             raise FasttrainError(f"the model's forward does not take one batch of images "
-                                 f"({first}): fasttrain infer serves models whose forward maps "
+                                 f"({first_line(err)}): fasttrain infer serves models whose forward maps "
                                  "a batch of images to logits") from None
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or len(logits) != batch:
             got = (tuple(logits.shape) if isinstance(logits, torch.Tensor)

@@ -16,7 +16,7 @@ from typing import Callable, Optional, TypeVar
 
 import torch
 
-from ..errors import FasttrainError
+from ..errors import FasttrainError, first_line
 from ..workloads.base import Batch
 from .graph_memsets import rewrite_then_instantiate
 
@@ -37,8 +37,7 @@ def record(body: Callable[[], T], memset_kernels: bool, refused: str,
         with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             out = body()
     except RuntimeError as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-        raise FasttrainError(refused.format(first=first)) from None
+        raise FasttrainError(refused.format(first=first_line(err))) from None
     return graph, out
 
 
