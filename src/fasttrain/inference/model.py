@@ -128,8 +128,7 @@ def prepare(model: nn.Module, rung: InferRung, device: torch.device) -> tuple[nn
 
 def check_device(rung: InferRung, device: torch.device) -> str | None:
     """Why ``rung`` cannot run on ``device`` (its skip reason), or None."""
-    graphs = rung.capture or rung.compile == "reduce-overhead"
-    if ("cuda" in rung.requires or graphs) and device.type != "cuda":
+    if rung.cuda_only and device.type != "cuda":
         return "needs a CUDA GPU"
     if "sm89" in rung.requires and device.type == "cuda" and \
             torch.cuda.get_device_capability(device) < (8, 9):

@@ -55,6 +55,12 @@ class InferRung:
     requires: tuple[str, ...] = ()
     """``cuda``, or ``sm89`` (float8 matmuls need Ada/Hopper)."""
 
+    @property
+    def cuda_only(self) -> bool:
+        """Whether it needs a CUDA GPU: ``requires`` says so, or it replays CUDA graphs
+        (compile's ``reduce-overhead`` or fasttrain's ``capture``)."""
+        return "cuda" in self.requires or self.capture or self.compile == "reduce-overhead"
+
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise FasttrainError(f"rung {self.name}: dtype {self.dtype!r} is not one of "

@@ -83,7 +83,7 @@ def use_gelu_epilogue(model: nn.Module) -> list[str]:
     mlps = [m for m in model.modules() if isinstance(m, Mlp)]
     seqs = [m for m in model.modules() if isinstance(m, GeluSequential)]
     fit = [m for m in mlps if m.epilogue_fits()]
-    pairs = [[epilogue_fits(list(m)[i]) for i in gelu_pairs(list(m))] for m in seqs]
+    pairs = [m.pair_fits() for m in seqs]
     for m in fit + [m for m, p in zip(seqs, pairs) if any(p)]:
         m.gelu_epilogue = True
     fits, kept = len(fit) + sum(map(sum, pairs)), len(mlps) - len(fit)
@@ -123,10 +123,11 @@ class GeluSequential(FusedPath, nn.Sequential):
         self.fused = on
         return ["bias + GELU in one Triton kernel"]  # Mlp's words: the report counts them together
 
-    def epilogue_fits(self) -> bool:
-        """Whether a Linear → GELU pair can run with its bias and GELU in the GEMM's epilogue."""
+    def pair_fits(self) -> list[bool]:
+        """For each Linear → GELU pair, whether its linear can run with its bias and the GELU
+        in the GEMM's epilogue."""
         mods = list(self)
-        return any(epilogue_fits(mods[i]) for i in gelu_pairs(mods))
+        return [epilogue_fits(mods[i]) for i in gelu_pairs(mods)]
 
     def fp32_params(self) -> list[nn.Parameter]:
         """The pairs' linear biases, added in fp32 inside the kernel (as ``Mlp.fp32_params``)."""
