@@ -246,6 +246,16 @@ def test_rungs_in_process(workload, tmp_path):
     assert quant["applied"]["quant"]["quantized"] > 0 and quant["applied"]["convert"]
     assert quant["applied"]["quant"]["mode"] == "int8"
 
+    # the last block on the class token: ViTs (which pool by it) measured, Swin skipped
+    head = _job(workload, InferRung("h", "x", dtype="float32", convert=True, head_tokens=True),
+                tmp_path)
+    if "swin" in workload:
+        assert head["skipped"].startswith("every token kept: no ViT") and not head["throughput"]
+    else:
+        _measured(head)
+        assert head["applied"]["head_tokens"]["blocks"] == 1
+        assert head["accuracy"]["max_logit_dev"] < 1e-4
+
     skipped = _job(workload, RUNGS["graphs"], tmp_path)
     assert skipped["skipped"] == "needs a CUDA GPU" and skipped["throughput"] is None
 
@@ -450,6 +460,11 @@ def test_notes_say_what_a_rung_adds_to_the_converted_layers():
                                              "capture": "input 64: 24 … now kernels"}}]
     assert notes(rows)[1:] == ["kernels: timm ViT Block ×12", "gemm-gelu: fc1 ×12",
                                "captured: fc1 ×12; CUDA graphs: input 64: 24 … now kernels"]
+    heads = {"blocks": 1, "line": "the last of 12 blocks …"}
+    rows = [{"rung": "head-token", "applied": {"convert": convert, "head_tokens": heads}},
+            {"rung": "captured", "applied": {"convert": convert, "head_tokens": {
+                "blocks": 0, "line": "every token kept: …"}}}]
+    assert notes(rows)[1:] == ["head-token: the last of 12 blocks …", "captured: " + convert]
 
 
 def test_line_of_a_row():

@@ -34,10 +34,12 @@ def test_gpu_rungs_run_and_report_against_fp32(workload, tmp_path):
     pytest.importorskip("timm")
     ref = _row(workload, "eager-fp32", tmp_path)
     assert ref["error"] is None and ref["accuracy"]["agreement"] == 1.0
-    for rung in ("graphs", "kernels", "gemm-gelu", "captured", "int8") + (("fp8",) if
-                                                  torch.cuda.get_device_capability() >= (8, 9)
-                                                  else ()):
+    fp8 = ("fp8",) if torch.cuda.get_device_capability() >= (8, 9) else ()
+    for rung in ("graphs", "kernels", "gemm-gelu", "head-token", "captured", "int8") + fp8:
         row = _row(workload, rung, tmp_path)
+        if rung == "head-token" and "swin" in workload:  # Swin's head averages every token
+            assert row["skipped"].startswith("every token kept"), row
+            continue
         assert row["error"] is None and not row.get("skipped"), (rung, row.get("error"))
         assert row["throughput"] > 0 and row["latency_ms"]["p50"] > 0
         acc = row["accuracy"]
@@ -46,6 +48,10 @@ def test_gpu_rungs_run_and_report_against_fp32(workload, tmp_path):
             assert "nothing converted" not in row["applied"]["convert"]
         if rung in ("gemm-gelu", "captured"):
             assert "in the GEMM epilogue ×" in row["applied"]["epilogue"]
+        if rung == "captured":  # the class token alone on ViT, every token on Swin
+            assert row["applied"]["head_tokens"]["blocks"] == (1 if "vit" in workload else 0)
+        if "swin" in workload and rung in ("kernels", "gemm-gelu", "captured", "fp8", "int8"):
+            assert "window attention layers" in row["applied"]["window_bias"]
         if rung == "captured":  # the throughput batch and batch 1, each its own graph
             capture = row["applied"]["capture"]
             assert capture.count("input ") == 2 and "stopped" not in capture, capture

@@ -14,8 +14,10 @@ from tests.interpreted import (assert_compiled_matches_eager, interpret,  # noqa
 with kernels_interpreted():
     from fasttrain.kernels.window_attention import (map_window_attention,
                                                     map_window_attention_reference,
+                                                    map_window_attention_tiles,
                                                     window_attention,
-                                                    window_attention_reference)
+                                                    window_attention_reference,
+                                                    window_bias_tiles)
 
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=3e-2, atol=3e-2),
@@ -151,6 +153,41 @@ def test_map_mode_bad_input_is_a_one_line_value_error(call, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("dtype, height, width, window, shift, masked", [
+    (torch.float32, 8, 12, 4, 2, True), (torch.bfloat16, 6, 6, 3, 1, True),
+    (torch.float16, 8, 12, 4, 0, False)], ids=str)
+def test_tiles_built_once_give_the_forward_of_the_call_that_builds_them(dtype, height, width,
+                                                                        window, shift, masked):
+    # the same tiles the forward builds at every call, built beforehand: the same output
+    g = torch.Generator().manual_seed(2)
+    heads, head_dim, N = 2, 8, window * window
+    qkv = torch.randn(2, height, width, 3 * heads * head_dim, generator=g).to(dtype)
+    bias = 0.5 * torch.randn(heads, N, N, generator=g)
+    nW = (height // window) * (width // window)
+    mask = torch.where(torch.rand(nW, N, N, generator=g) < 0.3, -100.0, 0.0) if masked else None
+    tiles = window_bias_tiles(bias, mask, dtype)
+    got = map_window_attention_tiles(qkv, tiles, heads, window, shift)
+    want = map_window_attention(qkv, bias, mask, heads, window, shift)
+    assert torch.equal(got, want)
+    ref = map_window_attention_reference(qkv, bias, mask, heads, window, shift)
+    torch.testing.assert_close(got, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda q, t: map_window_attention_tiles(q[0], t, 2, 3), "qkv must be a (batch, height"),
+    (lambda q, t: map_window_attention_tiles(q, t, 2, 4), "does not tile into 4x4 windows"),
+    (lambda q, t: map_window_attention_tiles(q, t[:, :1], 2, 3), "tiles must be (1 or 4, 2, 16"),
+    (lambda q, t: map_window_attention_tiles(q, t.half(), 2, 3), "torch.float16 on cpu"),
+    (lambda q, t: map_window_attention_tiles(q.requires_grad_(), t, 2, 3), "forward only"),
+], ids=["rank", "tiling", "shape", "dtype", "grad"])
+def test_tiles_bad_input_is_a_one_line_value_error(call, message):
+    qkv = torch.randn(2, 6, 6, 48)
+    tiles = window_bias_tiles(torch.zeros(2, 9, 9), torch.zeros(4, 9, 9), torch.float32)
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        call(qkv, tiles)
+    assert "\n" not in str(err.value)
+
+
 def test_torch_compile_fullgraph_matches_eager():
     qkv, bias, mask, _ = _inputs(4, 16, 2, 16, 2, torch.float32)
     proj = torch.randn(32, 32)
@@ -176,3 +213,20 @@ def test_swin_with_the_window_kernel_keeps_its_losses():
     assert "ran math x4" in plain.applied["attention"]
     assert fused.applied["attention"] == ("the Triton window attention kernel in 4 layers "
                                           "(kernels=window); SDPA is not called")
+
+
+def test_a_swin_with_its_biases_frozen_gives_the_same_logits():
+    from fasttrain.converters.apply import convert
+    from fasttrain.layers.windows import WindowAttention, freeze_window_biases
+    from fasttrain.workloads import load_workload
+
+    model = load_workload("swin", "tiny").build_model().eval()
+    assert freeze_window_biases(model) == 0  # plain layers: nothing to freeze
+    convert(model, kernels="fused")
+    images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
+    with torch.inference_mode():
+        want = model.head(model.features(images))
+        assert freeze_window_biases(model) == 4
+        assert all(m.tiles is not None for m in model.modules() if isinstance(m, WindowAttention))
+        got = model.head(model.features(images))
+    assert torch.equal(got, want)

@@ -45,6 +45,10 @@ def infer_job(child: ChildSpec) -> dict:
         if rung.quant and not quant.get("quantized"):  # the rung would measure 16-bit again
             return {**row, "applied": applied,
                     "skipped": f"nothing quantized: {quant.get('line')}"}
+        heads = applied.get("head_tokens") or {}
+        if rung.head_tokens and not rung.capture and not heads.get("blocks"):
+            # the rung would measure the one before it (fc1's epilogue) again
+            return {**row, "applied": applied, "skipped": heads.get("line")}
         x = images[:spec.batch].to(device)
         if len(x) < spec.batch:  # fewer held-out images than the batch: repeat them
             x = x.repeat((spec.batch + len(x) - 1) // len(x), *[1] * (x.dim() - 1))[:spec.batch]

@@ -5,8 +5,8 @@ what is served: a batch of images in, logits ``(B, classes)`` out — for timm's
 own models uint8 images ``(B, H, W, 3)`` with the normalisation inside, so that every rung, the
 peers and the exported package take the same input.
 ``prepare`` applies a rung to it in a fixed order — dtype and device → attention → fasttrain's
-layers → quantized linears → GEMM epilogues → compile → fasttrain's own CUDA graphs — and
-says what each step did.
+layers → quantized linears → GEMM epilogues → the last block on the head's tokens → compile →
+fasttrain's own CUDA graphs — and says what each step did.
 """
 from __future__ import annotations
 
@@ -104,6 +104,11 @@ def prepare(model: nn.Module, rung: InferRung, device: torch.device) -> tuple[nn
         applied["convert"] = report.summary()
         if report.skipped:
             applied["convert_skipped"] = report.skipped_lines()
+        from ..layers.windows import freeze_window_biases
+
+        if frozen := freeze_window_biases(model):
+            applied["window_bias"] = (f"relative-position bias and shift mask summed once for "
+                                      f"{frozen} window attention layers, not at every call")
     if rung.quant:
         from .quant import quantize_linears, sensitive_layers
 
@@ -113,6 +118,10 @@ def prepare(model: nn.Module, rung: InferRung, device: torch.device) -> tuple[nn
         from ..layers.mlp import use_gelu_epilogue
 
         applied["epilogue"] = "; ".join(use_gelu_epilogue(model))
+    if rung.head_tokens:
+        from .head_tokens import keep_head_tokens
+
+        applied["head_tokens"] = keep_head_tokens(model)
     for p in model.parameters():
         p.requires_grad_(False)
     if rung.compile:

@@ -4,7 +4,8 @@ Each rung is a complete configuration of the same forward pass (not a patch on t
 one), so any subset runs on its own; in the default order each adds one thing to the rung
 before it, after the Swin article's inference half: fp32 → fp16, the source's baseline → fused
 attention → compile → CUDA graphs → fasttrain's forward-only kernels → fc1's bias and GELU in
-its GEMM → fasttrain's own CUDA graphs (memsets as kernel nodes); fp8 or INT8 linears each go
+its GEMM → the last block on the class token alone (where the head reads nothing else) →
+fasttrain's own CUDA graphs (memsets as kernel nodes); fp8 or INT8 linears each go
 on the kernels rung. The two peer rungs are what a user gets from PyTorch alone on the same
 model: eager fp16 as the library ships it, and ``torch.compile(mode="reduce-overhead")``; they
 use no fasttrain code but the measuring harness and the image normalisation every rung shares.
@@ -43,6 +44,10 @@ class InferRung:
     gelu_epilogue: bool = False
     """fc1's bias and GELU in fc1's GEMM (cuBLASLt's epilogue, the tanh GELU), on fasttrain's
     MLPs (with ``convert``)."""
+    head_tokens: bool = False
+    """The last block computes only the class token, where the model's head reads nothing else
+    (a ViT pooling by its class token: ``inference/head_tokens.py``); other models keep every
+    token."""
     capture: bool = False
     """fasttrain's own CUDA graph per input shape (``inference/capture.py``), in place of
     compile's ``reduce-overhead`` graphs: a plain replay, without cudagraph trees' host checks at
@@ -71,6 +76,9 @@ class InferRung:
         if self.capture and self.compile == "reduce-overhead":
             raise FasttrainError(f"rung {self.name}: capture records its own CUDA graphs; "
                                  "compile with mode default, not reduce-overhead")
+        if self.head_tokens and not self.convert:
+            raise FasttrainError(f"rung {self.name}: head_tokens works on fasttrain's blocks; "
+                                 "it needs convert")
         if self.quant not in QUANT_MODES:
             raise FasttrainError(f"rung {self.name}: quant {self.quant!r} is not fp8 or int8")
 
@@ -87,9 +95,12 @@ RUNGS: dict[str, InferRung] = {r.name: r for r in (
               compile="reduce-overhead", convert=True, requires=("cuda",)),
     InferRung("gemm-gelu", "+ fc1's bias and GELU in its GEMM (cuBLASLt epilogue, tanh GELU)",
               compile="reduce-overhead", convert=True, gelu_epilogue=True, requires=("cuda",)),
+    InferRung("head-token", "+ the last block on the class token alone (the head reads "
+              "nothing else; ViTs that pool by it)", compile="reduce-overhead", convert=True,
+              gelu_epilogue=True, head_tokens=True, requires=("cuda",)),
     InferRung("captured", "+ fasttrain's own CUDA graphs, cuBLAS's workspace memsets as kernel "
-              "nodes", compile="default", convert=True, gelu_epilogue=True, capture=True,
-              requires=("cuda",)),
+              "nodes", compile="default", convert=True, gelu_epilogue=True, head_tokens=True,
+              capture=True, requires=("cuda",)),
     # The quantized rungs build on kernels: fasttrain's fused layers run their linear layers
     # through layers.linear.linear, which takes the 8-bit layers too (BiasApart), so the fused
     # bias + GELU and norm kernels stay around the quantized GEMMs.

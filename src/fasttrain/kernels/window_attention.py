@@ -48,7 +48,8 @@ from ._triton import (INTERPRETED, add, launch, maximum, op, output_grad, progra
                       tile_dot)
 
 __all__ = ["window_attention", "window_attention_reference", "map_window_attention",
-           "map_window_attention_reference", "MAX_TOKENS"]
+           "map_window_attention_reference", "map_window_attention_tiles", "window_bias_tiles",
+           "MAX_TOKENS"]
 
 MAX_TOKENS = 128  # tokens per window that one tile holds (a 64 × 64 or 128 × 128 score tile)
 WIDE_ELEMENTS = 2**31  # qkv maps this large index in int64 (the kernels' WIDE), smaller in int32
@@ -195,21 +196,39 @@ def _bias_tiles(bias: torch.Tensor, mask: Optional[torch.Tensor], dtype: torch.d
     return torch.nn.functional.pad(bm, (0, 0, 0, block_n - N)).to(dtype).contiguous()
 
 
+def _block_n(N: int) -> int:
+    return max(16, triton.next_power_of_2(N))
+
+
+def window_bias_tiles(bias: torch.Tensor, mask: Optional[torch.Tensor],
+                      dtype: torch.dtype) -> torch.Tensor:
+    """``bias`` (heads, N, N) + ``mask`` (nW, N, N) or None as the forward kernel reads them
+    (``_bias_tiles``), built once: for a model whose bias no longer changes (a served one),
+    passed to ``map_window_attention(..., tiles=)`` in place of the gather, sum and padding
+    the forward does at every call."""
+    return _bias_tiles(bias, mask, dtype, _block_n(bias.shape[-1]))
+
+
 def _prepare(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,
              warps: int, geometry: list[int]) -> tuple[torch.Tensor, dict]:
     """What both kernels take besides their tensors: the bias tiles and the compile-time
-    settings: the sizes (N, C, head_dim, heads), ``geometry``'s (see ``_tokens``) and the
-    launch's. Constant sizes make the address arithmetic multiplies by constants."""
-    N, C3 = bias.shape[-1], qkv.shape[-1]
-    block_n = max(16, triton.next_power_of_2(N))
-    bm = _bias_tiles(bias, mask, qkv.dtype, block_n)
-    meta = dict(DOT=1 if qkv.dtype == torch.float32 else 2 if INTERPRETED else 0,
+    settings (``_meta``)."""
+    bm = _bias_tiles(bias, mask, qkv.dtype, _block_n(bias.shape[-1]))
+    return bm, _meta(qkv, bm, bias.shape[-1], heads, warps, geometry)
+
+
+def _meta(qkv: torch.Tensor, bm: torch.Tensor, N: int, heads: int, warps: int,
+          geometry: list[int]) -> dict:
+    """The compile-time settings: the sizes (N, C, head_dim, heads), ``geometry``'s (see
+    ``_tokens``) and the launch's. Constant sizes make the address arithmetic multiplies by
+    constants."""
+    C3, block_n = qkv.shape[-1], bm.shape[-1]
+    return dict(DOT=1 if qkv.dtype == torch.float32 else 2 if INTERPRETED else 0,
                 BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(C3 // 3 // heads)),
                 num_stages=LAUNCH["stages"], num_warps=warps * (1 if block_n <= 64 else 2),
                 N=N, C=C3 // 3, D=C3 // 3 // heads, heads=heads, NW=bm.shape[0],
                 WIDE=qkv.numel() >= WIDE_ELEMENTS,
                 **dict(zip(("H", "W", "WH", "WW", "SHIFT"), geometry)))
-    return bm, meta
 
 
 def _parts(qkv: torch.Tensor, Bw: int, heads: int, per_sm: int) -> int:
@@ -231,10 +250,29 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
     lse = torch.empty((Bw, heads, N), device=qkv.device, dtype=torch.float32)
     if Bw > 0:
         bm, meta = _prepare(qkv, bias, mask, heads, LAUNCH["fwd_warps"], geometry)
-        parts = _parts(qkv, Bw, heads, LAUNCH["fwd_programs_per_sm"])
-        launch(_fwd_kernel, (parts, heads), qkv, bm, out, lse, Bw, scale,
-               STAGES=LAUNCH["fwd_stages"], **meta)
+        _launch_fwd(qkv, bm, out, lse, Bw, heads, scale, meta)
     return out, lse
+
+
+def _launch_fwd(qkv: torch.Tensor, bm: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                Bw: int, heads: int, scale: float, meta: dict) -> None:
+    parts = _parts(qkv, Bw, heads, LAUNCH["fwd_programs_per_sm"])
+    launch(_fwd_kernel, (parts, heads), qkv, bm, out, lse, Bw, scale,
+           STAGES=LAUNCH["fwd_stages"], **meta)
+
+
+@op("fasttrain::window_attention_fwd_tiles")
+def _fwd_tiles(qkv: torch.Tensor, tiles: torch.Tensor, heads: int, scale: float,
+               geometry: list[int]) -> torch.Tensor:
+    """The forward from bias tiles built beforehand (``window_bias_tiles``); no gradient."""
+    N = geometry[2] * geometry[3]
+    Bw = qkv.numel() // (qkv.shape[-1] * N)
+    out = qkv.new_empty((*qkv.shape[:-1], qkv.shape[-1] // 3))
+    if Bw > 0:
+        lse = torch.empty((Bw, heads, N), device=qkv.device, dtype=torch.float32)
+        meta = _meta(qkv, tiles, N, heads, LAUNCH["fwd_warps"], geometry)
+        _launch_fwd(qkv, tiles, out, lse, Bw, heads, scale, meta)
+    return out
 
 
 @op("fasttrain::window_attention_bwd")
@@ -303,6 +341,18 @@ def window_attention(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch
     return _attend(qkv, bias, mask, heads, scale, [1, N, 1, N, 0])
 
 
+def _check_map(qkv: torch.Tensor, window: int, shift: int) -> torch.Size:
+    """qkv's shape, where it is a (B, H, W, 3·C) map that ``window`` and ``shift`` tile."""
+    if qkv.dim() != 4:
+        raise ValueError(f"qkv must be a (batch, height, width, 3 * channels) map, got shape "
+                         f"{tuple(qkv.shape)}")
+    _, H, W, _ = qkv.shape
+    if window < 1 or H % window or W % window or not 0 <= shift < window:
+        raise ValueError(f"a {H}x{W} map does not tile into {window}x{window} windows shifted "
+                         f"by {shift} (need window | H, W and 0 <= shift < window)")
+    return qkv.shape
+
+
 def map_window_attention(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor],
                          heads: int, window: int, shift: int = 0,
                          scale: float | None = None) -> torch.Tensor:
@@ -312,19 +362,37 @@ def map_window_attention(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[t
     windows. Returns (B, H, W, C) in the map's layout: what the reverse partition and shift of
     the windows' outputs give. The kernels find each window's tokens by address, so neither
     the roll nor the partition (nor their reverses, nor their backwards) touches memory."""
-    if qkv.dim() != 4:
-        raise ValueError(f"qkv must be a (batch, height, width, 3 * channels) map, got shape "
-                         f"{tuple(qkv.shape)}")
-    _, H, W, C3 = qkv.shape
-    if window < 1 or H % window or W % window or not 0 <= shift < window:
-        raise ValueError(f"a {H}x{W} map does not tile into {window}x{window} windows shifted "
-                         f"by {shift} (need window | H, W and 0 <= shift < window)")
+    _, H, W, C3 = _check_map(qkv, window, shift)
     N = window * window
     _check(qkv.reshape(-1, N, C3), bias, mask, heads)
     if mask is not None and mask.shape[0] != (H // window) * (W // window):
         raise ValueError(f"mask must have one (N, N) slice per window of an image "
                          f"({(H // window) * (W // window)}), got {mask.shape[0]}")
     return _attend(qkv, bias, mask, heads, scale, [H, W, window, window, shift])
+
+
+def map_window_attention_tiles(qkv: torch.Tensor, tiles: torch.Tensor, heads: int, window: int,
+                               shift: int = 0, scale: float | None = None) -> torch.Tensor:
+    """``map_window_attention`` with its bias and mask already summed and padded by
+    ``window_bias_tiles``: the forward alone (no gradient), for a model whose bias is fixed."""
+    _, H, W, C3 = _check_map(qkv, window, shift)
+    if qkv.dtype not in _DTYPES or C3 % (3 * heads):
+        raise ValueError(f"qkv must be float32, bfloat16 or float16 with 3 * {heads} heads on "
+                         f"its last dim, got {qkv.dtype} {tuple(qkv.shape)}")
+    n_win, block_n = (H // window) * (W // window), _block_n(window * window)
+    if (tiles.dim() != 4 or tiles.shape[0] not in (1, n_win)
+            or tuple(tiles.shape[1:]) != (heads, block_n, block_n)
+            or tiles.dtype != qkv.dtype or tiles.device != qkv.device):
+        raise ValueError(f"tiles must be (1 or {n_win}, {heads}, {block_n}, {block_n}) "
+                         f"{qkv.dtype} on {qkv.device} (window_bias_tiles), got "
+                         f"{tuple(tiles.shape)} {tiles.dtype} on {tiles.device}")
+    if torch.is_grad_enabled() and qkv.requires_grad:
+        raise ValueError("map_window_attention_tiles is forward only (no gradient): train "
+                         "with map_window_attention")
+    head_dim = C3 // (3 * heads)
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    return torch.ops.fasttrain.window_attention_fwd_tiles(
+        qkv.contiguous(), tiles.contiguous(), heads, scale, [H, W, window, window, shift])
 
 
 def _attend(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], heads: int,

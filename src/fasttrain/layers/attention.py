@@ -157,6 +157,26 @@ class SelfAttention(FusedPath, nn.Module):
             out = attention(*qkv.unbind(0)).transpose(1, 2).reshape(B, T, C)  # from (B, H, T, D)
         return linear(self.proj, out, bias=proj_bias)
 
+    def first_queries(self, x: torch.Tensor, rows: int, proj_bias: bool = True) -> torch.Tensor:
+        """The attention output of the first ``rows`` tokens of ``x`` (B, T, C) alone, their
+        queries over every token's keys and values: (B, rows, C). What a model whose head reads
+        those tokens needs of its last block; the queries of the others are not computed."""
+        if self.batch_second:
+            raise ValueError("first_queries takes (B, T, C), not the batch-second layout")
+        B, T, C = x.shape
+        D = C // self.heads
+        if type(self.qkv) is nn.Linear:  # the query rows' projection apart from the keys'
+            w, b = self.qkv.weight, self.qkv.bias
+            q = F.linear(x[:, :rows], w[:C], None if b is None else b[:C])
+            kv = F.linear(x, w[C:], None if b is None else b[C:])
+        else:  # another technique's linear layer (fp8, INT8): its own forward, whole
+            qkv = self.qkv(x)
+            q, kv = qkv[:, :rows, :C], qkv[..., C:]
+        q = q.reshape(B, rows, self.heads, D).transpose(1, 2)
+        k, v = kv.reshape(B, T, 2, self.heads, D).permute(2, 0, 3, 1, 4).unbind(0)
+        out = attention(q, k, v).transpose(1, 2).reshape(B, rows, C)
+        return linear(self.proj, out, bias=proj_bias)
+
 
 class MultiheadSelfAttention(FusedPath, nn.MultiheadAttention):
     """``nn.MultiheadAttention`` (the same parameters: ``in_proj_weight``, ``in_proj_bias``,

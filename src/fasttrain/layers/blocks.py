@@ -34,13 +34,20 @@ def pre_norm_block(block: nn.Module, x: torch.Tensor, branch: Branch, hand_on: b
     and ``mlp(x, fc2_bias)``. ``branch``: the previous block's, added by norm1. ``hand_on``: a
     next block follows, so on the fused path the MLP branch is returned unadded. ``post``: the
     functions applied to the attention and MLP branches before they are added; the branches
-    then keep their biases (the norms still add them to the stream)."""
+    then keep their biases (the norms still add them to the stream). A block with
+    ``head_rows`` set (``inference/head_tokens.py``: the last block of a model whose head reads
+    the first tokens alone) computes and returns those tokens only, (B, head_rows, C)."""
     if branch is None:
         y = block.norm1(x)
     else:
         y, x = block.norm1.add(branch[0], x, branch[1])
     fuse = biases_apart(block) and post is None
-    a = block.attn(y, mask, proj_bias=not fuse)
+    rows = getattr(block, "head_rows", 0)
+    if rows:  # only the first tokens go on: their queries over every token's keys and values
+        a = block.attn.first_queries(y, rows, proj_bias=not fuse)
+        x = x[:, :rows].contiguous()
+    else:
+        a = block.attn(y, mask, proj_bias=not fuse)
     if post is not None:
         a = post[0](a)
     y, x = block.norm2.add(a, x, block.attn.proj.bias if fuse else None)

@@ -79,6 +79,26 @@ class WindowAttention(FusedPath, nn.Module):
         self.fused = on
         return ["window attention with bias, mask, shift and partition in one Triton kernel"]
 
+    tiles: torch.Tensor | None = None
+    """The bias and this layer's mask summed and padded once for the fused kernel
+    (``freeze_bias``), or None: built from the table at every call."""
+
+    def freeze_bias(self, mask: torch.Tensor | None) -> bool:
+        """Build the fused forward's bias tiles once from the table as it is now and ``mask``
+        (the one every call of this layer gets), for a model that is served, not trained:
+        the per-call gather, sum and padding go. Later changes to the table are not seen (call
+        again). False where the layer is not on its fused path."""
+        if not self.fused:
+            return False
+        from ..kernels.window_attention import window_bias_tiles
+
+        table = self.relative_position_bias_table
+        with torch.no_grad():
+            self.tiles = window_bias_tiles(self.position_bias()[0],
+                                           None if mask is None else mask.to(table.device),
+                                           table.dtype)
+        return True
+
     def position_bias(self) -> torch.Tensor:
         N = self.relative_position_index.shape[0]
         bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
@@ -89,6 +109,12 @@ class WindowAttention(FusedPath, nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 proj_bias: bool = True) -> torch.Tensor:
         """``proj_bias=False`` leaves the output projection's bias out, for the caller to add."""
+        if self.fused and self.tiles is not None:  # bias and mask summed once (freeze_bias)
+            from ..kernels.window_attention import map_window_attention_tiles
+
+            out = map_window_attention_tiles(self.qkv(x), self.tiles, self.heads, self.window,
+                                             self.shift)
+            return linear(self.proj, out, bias=proj_bias)
         if self.fused:  # x (B, H, W, C), mask (nW, N, N) for one image's windows
             from ..kernels.window_attention import map_window_attention
 
@@ -112,3 +138,12 @@ class WindowAttention(FusedPath, nn.Module):
             bias = (bias + mask.unsqueeze(1)).repeat(Bw // mask.shape[0], 1, 1, 1)
         out = attention(*qkv.unbind(0), bias=bias).transpose(1, 2).reshape(Bw, N, C)
         return linear(self.proj, out, bias=proj_bias)
+
+
+def freeze_window_biases(model: nn.Module) -> int:
+    """Every fused window attention of ``model``'s Swin blocks (a module with ``attn`` and its
+    ``attn_mask``) builds its bias tiles once (``WindowAttention.freeze_bias``), for serving;
+    how many did."""
+    return sum(blk.attn.freeze_bias(blk.attn_mask) for blk in model.modules()
+               if isinstance(getattr(blk, "attn", None), WindowAttention)
+               and hasattr(blk, "attn_mask"))

@@ -30,14 +30,16 @@ def _top1(row: dict) -> str:
 
 def note(row: dict) -> str | None:
     """Why a row has no figures, or what it changed, for under the table: what the rung adds to
-    fasttrain's layers (quantized linears, the GELU epilogue, its own CUDA graphs), or else
-    what converting them did."""
+    fasttrain's layers (quantized linears, the GELU epilogue, the last block on the class token,
+    its own CUDA graphs), or else what converting them did."""
     if row.get("error"):
         return f"error: {row['error']}"
     if row.get("skipped"):
         return f"skipped: {row['skipped']}"
     applied = row.get("applied") or {}
+    heads = applied.get("head_tokens") or {}
     added = [(applied.get("quant") or {}).get("line"), applied.get("epilogue"),
+             heads.get("blocks") and heads.get("line"),
              applied.get("capture") and f"CUDA graphs: {applied['capture']}"]
     return "; ".join(a for a in added if a) or applied.get("convert") or None
 
