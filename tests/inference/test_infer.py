@@ -247,14 +247,25 @@ def test_rungs_in_process(workload, tmp_path):
     assert quant["applied"]["quant"]["mode"] == "int8"
 
     # the last block on the class token: ViTs (which pool by it) measured, Swin skipped
-    head = _job(workload, InferRung("h", "x", dtype="float32", convert=True, head_tokens=True),
-                tmp_path)
+    head = _job(workload, InferRung("h", "x", dtype="float32", convert=True, head_tokens=True,
+                                    adds="head_tokens"), tmp_path)
     if "swin" in workload:
         assert head["skipped"].startswith("every token kept: no ViT") and not head["throughput"]
     else:
         _measured(head)
         assert head["applied"]["head_tokens"]["blocks"] == 1
         assert head["accuracy"]["max_logit_dev"] < 1e-4
+
+    # narrow MLPs in one kernel: marked where they fit (the kernel itself needs a GPU or the
+    # interpreter; the CPU keeps the layers' path), skipped where none does
+    whole = _job(workload, InferRung("m", "x", dtype="float32", convert=True, mlp_kernel=True,
+                                     adds="mlp_kernel"), tmp_path)
+    if whole.get("skipped"):
+        assert "narrow enough" in whole["skipped"], whole["skipped"]
+    else:
+        _measured(whole)
+        assert whole["applied"]["mlp_kernel"]["mlps"] > 0
+        assert whole["accuracy"]["agreement"] == 1.0
 
     skipped = _job(workload, RUNGS["graphs"], tmp_path)
     assert skipped["skipped"] == "needs a CUDA GPU" and skipped["throughput"] is None

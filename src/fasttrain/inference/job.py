@@ -18,7 +18,23 @@ from ..run.child import ChildSpec
 from ..workloads import load_workload
 from . import bench
 from .model import check_device, load_classifier, prepare
-from .spec import REFERENCE, InferSpec
+from .spec import REFERENCE, InferRung, InferSpec
+
+
+ADDED = {"quant": "quantized", "head_tokens": "blocks", "mlp_kernel": "mlps"}
+"""For each step a rung can add (``InferRung.adds``), the key of its ``applied`` entry that
+counts what it changed."""
+
+
+def nothing_added(rung: InferRung, applied: dict) -> str | None:
+    """Why ``rung`` is skipped, where the step it adds to the rung before changed nothing."""
+    if rung.adds is None:
+        return None
+    done = applied.get(rung.adds) or {}
+    if done.get(ADDED[rung.adds]):
+        return None
+    return (f"nothing quantized: {done.get('line')}" if rung.adds == "quant"
+            else done.get("line") or f"{rung.adds}: nothing changed")
 
 
 def infer_job(child: ChildSpec) -> dict:
@@ -41,14 +57,8 @@ def infer_job(child: ChildSpec) -> dict:
     t0 = time.perf_counter()
     with torch.inference_mode():
         fwd, applied = prepare(model, rung, device)
-        quant = applied.get("quant") or {}
-        if rung.quant and not quant.get("quantized"):  # the rung would measure 16-bit again
-            return {**row, "applied": applied,
-                    "skipped": f"nothing quantized: {quant.get('line')}"}
-        heads = applied.get("head_tokens") or {}
-        if rung.head_tokens and not rung.capture and not heads.get("blocks"):
-            # the rung would measure the one before it (fc1's epilogue) again
-            return {**row, "applied": applied, "skipped": heads.get("line")}
+        if why := nothing_added(rung, applied):  # the rung would measure the one before again
+            return {**row, "applied": applied, "skipped": why}
         x = images[:spec.batch].to(device)
         if len(x) < spec.batch:  # fewer held-out images than the batch: repeat them
             x = x.repeat((spec.batch + len(x) - 1) // len(x), *[1] * (x.dim() - 1))[:spec.batch]
