@@ -108,5 +108,5 @@ def test_first_queries_refuse_the_batch_second_layout():
 
 
 def test_head_tokens_without_convert_is_refused():
-    with pytest.raises(FasttrainError, match="head_tokens and mlp_kernel work on"):
+    with pytest.raises(FasttrainError, match="head_tokens works on fasttrain's blocks"):
         InferRung("h", "x", head_tokens=True)

@@ -21,7 +21,7 @@ from .model import check_device, load_classifier, prepare
 from .spec import REFERENCE, InferRung, InferSpec
 
 
-ADDED = {"quant": "quantized", "head_tokens": "blocks", "mlp_kernel": "mlps"}
+ADDED = {"quant": "quantized", "head_tokens": "blocks"}
 """For each step a rung can add (``InferRung.adds``), the key of its ``applied`` entry that
 counts what it changed."""
 

@@ -5,8 +5,8 @@ what is served: a batch of images in, logits ``(B, classes)`` out — for timm's
 own models uint8 images ``(B, H, W, 3)`` with the normalisation inside, so that every rung, the
 peers and the exported package take the same input.
 ``prepare`` applies a rung to it in a fixed order — dtype and device → attention → fasttrain's
-layers → quantized linears → GEMM epilogues → the last block on the head's tokens → narrow MLPs
-in one kernel → compile → fasttrain's own CUDA graphs — and says what each step did.
+layers → quantized linears → GEMM epilogues → the last block on the head's tokens → compile →
+fasttrain's own CUDA graphs — and says what each step did.
 """
 from __future__ import annotations
 
@@ -122,10 +122,6 @@ def prepare(model: nn.Module, rung: InferRung, device: torch.device) -> tuple[nn
         from .head_tokens import keep_head_tokens
 
         applied["head_tokens"] = keep_head_tokens(model)
-    if rung.mlp_kernel:
-        from ..layers.mlp import use_mlp_kernel
-
-        applied["mlp_kernel"] = use_mlp_kernel(model)
     for p in model.parameters():
         p.requires_grad_(False)
     if rung.compile:

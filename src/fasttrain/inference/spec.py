@@ -5,8 +5,8 @@ one), so any subset runs on its own; in the default order each adds one thing to
 before it, after the Swin article's inference half: fp32 → fp16, the source's baseline → fused
 attention → compile → CUDA graphs → fasttrain's forward-only kernels → fc1's bias and GELU in
 its GEMM → the last block on the class token alone (where the head reads nothing else) →
-fasttrain's own CUDA graphs (memsets as kernel nodes) → each narrow MLP in one kernel; fp8 or
-INT8 linears each go on the kernels rung. The two peer rungs are what a user gets from PyTorch alone on the same
+fasttrain's own CUDA graphs (memsets as kernel nodes); fp8 or INT8 linears each go on the
+kernels rung. The two peer rungs are what a user gets from PyTorch alone on the same
 model: eager fp16 as the library ships it, and ``torch.compile(mode="reduce-overhead")``; they
 use no fasttrain code but the measuring harness and the image normalisation every rung shares.
 """
@@ -48,10 +48,6 @@ class InferRung:
     """The last block computes only the class token, where the model's head reads nothing else
     (a ViT pooling by its class token: ``inference/head_tokens.py``); other models keep every
     token."""
-    mlp_kernel: bool = False
-    """Each MLP narrow enough (Swin's first stages) in one kernel: fc1, its bias and GELU, and
-    fc2, the hidden activation kept on chip (``kernels/fused_mlp.py``); wider ones keep their
-    GEMMs."""
     capture: bool = False
     """fasttrain's own CUDA graph per input shape (``inference/capture.py``), in place of
     compile's ``reduce-overhead`` graphs: a plain replay, without cudagraph trees' host checks at
@@ -64,9 +60,9 @@ class InferRung:
     requires: tuple[str, ...] = ()
     """``cuda``, or ``sm89`` (float8 matmuls need Ada/Hopper)."""
     adds: str | None = None
-    """The step of ``prepare`` this rung adds to the rung before it (``quant``,
-    ``head_tokens``, ``mlp_kernel``): where that step changes nothing on a model, the rung
-    would measure the one before again, and is skipped with the step's reason."""
+    """The step of ``prepare`` this rung adds to the rung before it (``quant`` or
+    ``head_tokens``): where that step changes nothing on a model, the rung would measure the
+    one before again, and is skipped with the step's reason."""
 
     @property
     def cuda_only(self) -> bool:
@@ -84,12 +80,12 @@ class InferRung:
         if self.capture and self.compile == "reduce-overhead":
             raise FasttrainError(f"rung {self.name}: capture records its own CUDA graphs; "
                                  "compile with mode default, not reduce-overhead")
-        if self.adds not in (None, "quant", "head_tokens", "mlp_kernel"):
-            raise FasttrainError(f"rung {self.name}: adds {self.adds!r} is not quant, "
-                                 "head_tokens or mlp_kernel")
-        if (self.head_tokens or self.mlp_kernel) and not self.convert:
-            raise FasttrainError(f"rung {self.name}: head_tokens and mlp_kernel work on "
-                             "fasttrain's layers; they need convert")
+        if self.adds not in (None, "quant", "head_tokens"):
+            raise FasttrainError(f"rung {self.name}: adds {self.adds!r} is not quant or "
+                                 "head_tokens")
+        if self.head_tokens and not self.convert:
+            raise FasttrainError(f"rung {self.name}: head_tokens works on fasttrain's blocks; "
+                                 "it needs convert")
         if self.quant not in QUANT_MODES:
             raise FasttrainError(f"rung {self.name}: quant {self.quant!r} is not fp8 or int8")
 
@@ -112,10 +108,6 @@ RUNGS: dict[str, InferRung] = {r.name: r for r in (
     InferRung("captured", "+ fasttrain's own CUDA graphs, cuBLAS's workspace memsets as kernel "
               "nodes", compile="default", convert=True, gelu_epilogue=True, head_tokens=True,
               capture=True, requires=("cuda",)),
-    InferRung("mlp-kernel", "+ each narrow MLP in one kernel (fc1, bias, GELU, fc2; the hidden "
-              "activation on chip)", compile="default", convert=True, gelu_epilogue=True,
-              head_tokens=True, mlp_kernel=True, capture=True, requires=("cuda",),
-              adds="mlp_kernel"),
     # The quantized rungs build on kernels: fasttrain's fused layers run their linear layers
     # through layers.linear.linear, which takes the 8-bit layers too (BiasApart), so the fused
     # bias + GELU and norm kernels stay around the quantized GEMMs.

@@ -22,8 +22,6 @@ class Mlp(FusedPath, nn.Module):
 
     gelu_epilogue = False
     """Set by ``use_gelu_epilogue``: without gradients, fc1's bias and GELU in its GEMM."""
-    whole_kernel = False
-    """Set by ``use_mlp_kernel``: without gradients, the whole MLP in one kernel."""
 
     def __init__(self, dim: int, hidden: int, bias: bool = True, approximate: str = "none"):
         super().__init__()
@@ -45,11 +43,6 @@ class Mlp(FusedPath, nn.Module):
         """``fc2_bias=False`` leaves fc2's bias out, for the caller to add (``LayerNorm.add``);
         only an fc2 that runs apart from its bias is asked to (``bias_apart``: plain, or one of
         fasttrain's swaps, quantized ones included). A wrapped fc1 runs whole."""
-        if self.whole_kernel and kernel_applies(self, x):
-            from ..kernels.fused_mlp import mlp
-
-            return mlp(x, self.fc1.weight, self.fc1.bias, self.fc2.weight,
-                       self.fc2.bias if fc2_bias else None, self.approximate)
         if self.gelu_epilogue and epilogue_applies(self.fc1, x):
             from ..kernels.gemm_epilogue import linear_gelu
 
@@ -79,40 +72,6 @@ def epilogue_applies(fc: nn.Module, x: torch.Tensor) -> bool:
     return (epilogue_fits(fc) and not torch.is_grad_enabled()
             and x.dtype == fc.weight.dtype == fc.bias.dtype
             and not torch.is_autocast_enabled(x.device.type))
-
-
-def kernel_fits(m: Mlp) -> bool:
-    """Whether ``m`` can run in the one-kernel MLP: plain linear layers, fc1 with a bias, widths
-    the kernel takes (narrow: ``kernels/fused_mlp.fits``)."""
-    from ..kernels.fused_mlp import fits
-
-    return (type(m.fc1) is nn.Linear and type(m.fc2) is nn.Linear and m.fc1.bias is not None
-            and fits(m.fc1.in_features, m.fc1.out_features, m.fc2.out_features))
-
-
-def kernel_applies(m: Mlp, x: torch.Tensor) -> bool:
-    """Whether this call takes the one-kernel MLP: no gradients, no autocast, one dtype for x
-    and the weights, on a device the Triton kernels run on."""
-    from ..kernels._triton import runs_on
-
-    return (not torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type)
-            and x.dtype == m.fc1.weight.dtype == m.fc2.weight.dtype and runs_on(x))
-
-
-def use_mlp_kernel(model: nn.Module) -> dict:
-    """Forward only (inference): every :class:`Mlp` of ``model`` narrow enough runs fc1, its
-    bias and GELU, and fc2 in one kernel (``kernels/fused_mlp.py``); the others keep their
-    path (a GELU epilogue where set). ``{"mlps": how many, "line": what it did}``."""
-    mlps = [m for m in model.modules() if isinstance(m, Mlp)]
-    fit = [m for m in mlps if kernel_fits(m)]
-    for m in fit:
-        m.whole_kernel = True
-    if not fit:
-        return {"mlps": 0, "line": f"none of {len(mlps)} MLPs is narrow enough for one kernel"
-                if mlps else "no fasttrain MLP (convert the model first)"}
-    widths = sorted({m.fc1.in_features for m in fit})
-    return {"mlps": len(fit), "line": f"fc1 → GELU → fc2 in one kernel ×{len(fit)} (width "
-            f"{', '.join(map(str, widths))}); {len(mlps) - len(fit)} wider kept their GEMMs"}
 
 
 def use_gelu_epilogue(model: nn.Module) -> list[str]:

@@ -40,7 +40,6 @@ def note(row: dict) -> str | None:
     heads = applied.get("head_tokens") or {}
     added = [(applied.get("quant") or {}).get("line"), applied.get("epilogue"),
              heads.get("blocks") and heads.get("line"),
-             (applied.get("mlp_kernel") or {}).get("mlps") and applied["mlp_kernel"]["line"],
              applied.get("capture") and f"CUDA graphs: {applied['capture']}"]
     return "; ".join(a for a in added if a) or applied.get("convert") or None
 
