@@ -179,7 +179,9 @@ def test_tiles_built_once_give_the_forward_of_the_call_that_builds_them(dtype, h
     (lambda q, t: map_window_attention_tiles(q, t[:, :1], 2, 3), "tiles must be (1 or 4, 2, 16"),
     (lambda q, t: map_window_attention_tiles(q, t.half(), 2, 3), "torch.float16 on cpu"),
     (lambda q, t: map_window_attention_tiles(q.requires_grad_(), t, 2, 3), "forward only"),
-], ids=["rank", "tiling", "shape", "dtype", "grad"])
+    (lambda q, t: map_window_attention_tiles(torch.randn(1, 12, 12, 48), t, 2, 12),
+     "windows of 144 tokens do not fit one tile"),
+], ids=["rank", "tiling", "shape", "dtype", "grad", "window"])
 def test_tiles_bad_input_is_a_one_line_value_error(call, message):
     qkv = torch.randn(2, 6, 6, 48)
     tiles = window_bias_tiles(torch.zeros(2, 9, 9), torch.zeros(4, 9, 9), torch.float32)
@@ -230,3 +232,8 @@ def test_a_swin_with_its_biases_frozen_gives_the_same_logits():
         assert all(m.tiles is not None for m in model.modules() if isinstance(m, WindowAttention))
         got = model.head(model.features(images))
     assert torch.equal(got, want)
+    # with gradients (training) the layers build the tiles from the table at every call
+    model.train()
+    model.head(model.features(images)).sum().backward()
+    assert all(p.grad is not None for n, p in model.named_parameters()
+               if "relative_position_bias_table" in n)

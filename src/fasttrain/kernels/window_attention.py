@@ -204,8 +204,8 @@ def window_bias_tiles(bias: torch.Tensor, mask: Optional[torch.Tensor],
                       dtype: torch.dtype) -> torch.Tensor:
     """``bias`` (heads, N, N) + ``mask`` (nW, N, N) or None as the forward kernel reads them
     (``_bias_tiles``), built once: for a model whose bias no longer changes (a served one),
-    passed to ``map_window_attention(..., tiles=)`` in place of the gather, sum and padding
-    the forward does at every call."""
+    passed to ``map_window_attention_tiles`` in place of the gather, sum and padding
+    ``map_window_attention`` does at every call."""
     return _bias_tiles(bias, mask, dtype, _block_n(bias.shape[-1]))
 
 
@@ -379,6 +379,9 @@ def map_window_attention_tiles(qkv: torch.Tensor, tiles: torch.Tensor, heads: in
     if qkv.dtype not in _DTYPES or C3 % (3 * heads):
         raise ValueError(f"qkv must be float32, bfloat16 or float16 with 3 * {heads} heads on "
                          f"its last dim, got {qkv.dtype} {tuple(qkv.shape)}")
+    if window * window > MAX_TOKENS:
+        raise ValueError(f"windows of {window * window} tokens do not fit one tile (at most "
+                         f"{MAX_TOKENS})")
     n_win, block_n = (H // window) * (W // window), _block_n(window * window)
     if (tiles.dim() != 4 or tiles.shape[0] not in (1, n_win)
             or tuple(tiles.shape[1:]) != (heads, block_n, block_n)

@@ -81,13 +81,16 @@ class WindowAttention(FusedPath, nn.Module):
 
     tiles: torch.Tensor | None = None
     """The bias and this layer's mask summed and padded once for the fused kernel
-    (``freeze_bias``), or None: built from the table at every call."""
+    (``freeze_bias``), read by calls without gradients; or None: built from the table at every
+    call."""
 
     def freeze_bias(self, mask: torch.Tensor | None) -> bool:
         """Build the fused forward's bias tiles once from the table as it is now and ``mask``
         (the one every call of this layer gets), for a model that is served, not trained:
-        the per-call gather, sum and padding go. Later changes to the table are not seen (call
-        again). False where the layer is not on its fused path."""
+        calls without gradients skip the per-call gather, sum and padding. Calls with gradients
+        (training) keep building them from the table; changes to the table, its dtype or device
+        after this call are not seen by the tiles (call it again). False where the layer is not
+        on its fused path."""
         if not self.fused:
             return False
         from ..kernels.window_attention import window_bias_tiles
@@ -109,7 +112,7 @@ class WindowAttention(FusedPath, nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 proj_bias: bool = True) -> torch.Tensor:
         """``proj_bias=False`` leaves the output projection's bias out, for the caller to add."""
-        if self.fused and self.tiles is not None:  # bias and mask summed once (freeze_bias)
+        if self.fused and self.tiles is not None and not torch.is_grad_enabled():  # freeze_bias
             from ..kernels.window_attention import map_window_attention_tiles
 
             out = map_window_attention_tiles(self.qkv(x), self.tiles, self.heads, self.window,
