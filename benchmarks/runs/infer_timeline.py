@@ -12,7 +12,7 @@ Per rung, two rows:
   gets to it, so the idle time is the GPU's own);
 - ``sustained``: the rung as it is (graphs included): ms per call over short bursts from an
   idle GPU and over a long back-to-back run, with the SM clock and power nvidia-smi reports
-  while each runs.
+  while each runs (the bursts' samples are mostly of the idle pauses between them).
 """
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ def one_forward(fwd, x: torch.Tensor, calls: int = 5) -> list[dict]:
         torch.cuda.synchronize()
     ks = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                  if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda k: k[0])
+    if len(ks) % calls:  # the forwards launch the same kernels, or the split below is wrong
+        raise SystemExit(f"{len(ks)} kernels in {calls} forwards: not the same kernels each")
     per = len(ks) // calls
     mid = ks[per * (calls // 2): per * (calls // 2 + 1)]
     t0 = mid[0][0]
@@ -57,14 +59,15 @@ def one_forward(fwd, x: torch.Tensor, calls: int = 5) -> list[dict]:
 class Sampler:
     """nvidia-smi's SM clock (MHz) and power (W) every 100 ms while in a ``with`` block."""
 
-    def __init__(self):
+    def __init__(self, index: int):
+        self.index = str(index)  # nvidia-smi's numbering (CUDA_VISIBLE_DEVICES unset)
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
 
     def _run(self):
         while not self._stop.is_set():
             out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
-                                  "--format=csv,noheader,nounits", "-i", "0"],
+                                  "--format=csv,noheader,nounits", "-i", self.index],
                                  capture_output=True, text=True).stdout.split(",")
             try:
                 self.samples.append((float(out[0]), float(out[1])))
@@ -105,13 +108,14 @@ def sustained(fwd, x: torch.Tensor, long_s: float) -> dict:
         fwd(x)
     torch.cuda.synchronize()
     bursts = []
-    with Sampler() as idle_clock:
+    index = x.device.index or 0
+    with Sampler(index) as idle_clock:
         for _ in range(10):
             time.sleep(0.3)
             bursts.append(timed(fwd, x, 5))
     per = timed(fwd, x, 20)
     n = max(50, int(long_s * 1e3 / per))
-    with Sampler() as load_clock:
+    with Sampler(index) as load_clock:
         long_ms = timed(fwd, x, n)
     return {"burst_ms": statistics.median(bursts), "long_ms": long_ms, "long_calls": n,
             "clock_bursts": idle_clock.summary(), "clock_long": load_clock.summary()}
@@ -123,12 +127,14 @@ def main() -> None:
     ap.add_argument("--rungs", default="peer-compile,captured")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--long-s", type=float, default=8.0)
+    ap.add_argument("--image", type=int, default=224, help="the model's image size")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     device = torch.device("cuda")
     wl = load_workload(args.workload, "base", seed=0)
     out = Path(args.out)
-    x = torch.randint(0, 256, (args.batch, 224, 224, 3), dtype=torch.uint8, device=device)
+    x = torch.randint(0, 256, (args.batch, args.image, args.image, 3), dtype=torch.uint8,
+                      device=device)
     for name in args.rungs.split(","):
         rung = {**RUNGS, **PEERS}[name]
         base = {"workload": args.workload, "rung": name, "batch": args.batch,

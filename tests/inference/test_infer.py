@@ -19,7 +19,7 @@ from fasttrain.inference import bench
 from fasttrain.inference.job import infer_job
 from fasttrain.inference.model import Classifier, check_device, load_classifier, prepare
 from fasttrain.inference.spec import (GATE, RUNGS, InferRung, InferSpec, REFERENCE,
-                                      rungs_named)
+                                      nothing_added, rungs_named)
 from fasttrain.report.inference import inference_table, line, notes
 from fasttrain.run.checkpoint import model_weights
 from fasttrain.run.child import ChildSpec
@@ -55,11 +55,28 @@ def test_unknown_rung_is_refused(names):
     ("dtype", "float64", "dtype 'float64' is not one of"),
     ("compile", "fast", "compile mode 'fast' is not one of"),
     ("quant", "int4", "quant 'int4' is not fp8 or int8"),
-    ("adds", "epilogue", "adds 'epilogue' is not quant or head_tokens"),
+    ("adds", "epilogue", "adds 'epilogue' is not one of quant, head_tokens"),
+    ("adds", "head_tokens", "it adds head_tokens, which it does not set"),
 ])
 def test_bad_rung_fields_are_refused(field, value, needle):
     with pytest.raises(FasttrainError, match=needle):
         InferRung("bad", "a bad rung", **{field: value})
+
+
+@pytest.mark.parametrize("rung, applied, why", [
+    (InferRung("r", "x"), {}, None),
+    (InferRung("q", "x", quant="int8"), {"quant": {"quantized": 0, "line": "int8: none"}},
+     "int8: none"),
+    (InferRung("q", "x", quant="int8"), {"quant": {"quantized": 3, "line": "int8: 3"}}, None),
+    (InferRung("h", "x", convert=True, head_tokens=True, adds="head_tokens"),
+     {"head_tokens": {"blocks": 0, "line": "every token kept: …"}}, "every token kept: …"),
+    (InferRung("h", "x", convert=True, head_tokens=True, adds="head_tokens"), {},
+     "head_tokens changed nothing"),
+    (InferRung("c", "x", convert=True, head_tokens=True),  # carries the step, does not add it
+     {"head_tokens": {"blocks": 0, "line": "every token kept: …"}}, None),
+])
+def test_a_rung_whose_step_changed_nothing_says_why(rung, applied, why):
+    assert nothing_added(rung, applied) == why
 
 
 def test_spec_round_trips_through_json():

@@ -68,8 +68,11 @@ def test_integer_inputs_are_passed_as_they_are():
     ((nn.Linear(2, 2), "captured", "cpu"),
      "rung captured cannot serve on cpu: needs a CUDA GPU; pick a rung that runs there"),
     ((nn.Sequential(nn.ReLU()), InferRung("q", "x", dtype="float32", quant="int8"), "cpu"),
-     "rung q quantizes nothing in Sequential: int8: matched nothing (no nn.Linear in the "
-     "model)"),
+     "rung q adds nothing to Sequential (int8: matched nothing (no nn.Linear in the model); "
+     "nothing quantized); serve it with the rung before"),
+    ((nn.Sequential(nn.Linear(2, 2)), InferRung("h", "x", dtype="float32", convert=True,
+                                                 head_tokens=True, adds="head_tokens"), "cpu"),
+     "rung h adds nothing to Sequential (every token kept: no ViT of timm's or fasttrain's"),
 ])
 @pytest.mark.filterwarnings("ignore:quantize_linears")
 def test_bad_input_is_one_line(args, needle):

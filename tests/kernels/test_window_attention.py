@@ -237,3 +237,51 @@ def test_a_swin_with_its_biases_frozen_gives_the_same_logits():
     model.head(model.features(images)).sum().backward()
     assert all(p.grad is not None for n, p in model.named_parameters()
                if "relative_position_bias_table" in n)
+
+
+def _frozen_swin():
+    from fasttrain.converters.apply import convert
+    from fasttrain.layers.windows import WindowAttention, freeze_window_biases
+    from fasttrain.workloads import load_workload
+
+    torch.manual_seed(0)
+    model = load_workload("swin", "tiny").build_model().eval()
+    convert(model, kernels="fused")
+    assert freeze_window_biases(model) == 4
+    layers = [m for m in model.modules() if isinstance(m, WindowAttention)]
+    return model, layers
+
+
+@pytest.mark.parametrize("change", ["load_state_dict", "to", "train"])
+def test_tiles_are_dropped_when_they_could_go_stale(change):
+    model, layers = _frozen_swin()
+    if change == "load_state_dict":
+        state = {k: v + 0.5 if "relative_position_bias_table" in k else v
+                 for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+    elif change == "to":
+        model.to(torch.float64)
+    else:
+        model.train()
+    assert all(m.tiles is None for m in layers)
+    if change == "load_state_dict":  # the new table, not the old tiles
+        images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
+        with torch.inference_mode():
+            got = model.head(model.features(images))
+            from fasttrain.layers.windows import freeze_window_biases
+
+            freeze_window_biases(model)
+            assert torch.equal(model.head(model.features(images)), got)
+
+
+def test_tiles_of_another_dtype_than_the_call_are_not_read():
+    # an fp32 model under bf16 autocast: its qkv is bf16, the tiles fp32: the table's path
+    model, layers = _frozen_swin()
+    images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
+    qkv = torch.zeros(1, 7, 7, 3 * layers[0].qkv.out_features // 3, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert layers[0]._frozen_tiles(qkv) is None
+        assert layers[0]._frozen_tiles(qkv.float()) is layers[0].tiles
+    assert layers[0]._frozen_tiles(qkv.float()) is None  # the table takes a gradient here
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(model.head(model.features(images))).all()

@@ -11,7 +11,12 @@ arithmetic on the token the head reads; GEMMs of another shape may round differe
 
 Models of other heads keep every token: an average over the tokens (Swin, ``pool="avg"``),
 attention pooling, a batch-second stream, blocks not converted to fasttrain's (the ``kernels``
-rung converts them) — :func:`keep_head_tokens` says which, and changes nothing.
+rung converts them), a ViT whose forward is your own (fasttrain cannot tell what its head
+reads) — :func:`keep_head_tokens` says which, and changes nothing.
+
+A marked block returns (B, 1, C): a forward hook on it sees that, and so does anything that reads
+the blocks' output other than the head (timm's ``forward_features``, ``forward_intermediates``).
+A timm block called with an attention mask runs timm's own path and every token.
 """
 from __future__ import annotations
 
@@ -63,9 +68,9 @@ def keep_head_tokens(model: nn.Module) -> dict:
 
     vits = [m for m in model.modules() if class_path(m) in VIT or isinstance(m, ViT)]
     if not vits:
-        return {"blocks": 0, "line": "every token kept: no ViT in the model (a head that "
-                "averages, or a model of another kind, reads every token)"}
-    lines = []
+        return {"blocks": 0, "line": "every token kept: no ViT of timm's or fasttrain's in the "
+                "model (other models, and a ViT whose forward is your own, keep every token)"}
+    lines, marked = [], 0
     for vit in vits:
         why = _head_reads_class_token(vit)
         last = _last_block(vit) if why is None else None
@@ -75,7 +80,7 @@ def keep_head_tokens(model: nn.Module) -> dict:
             lines.append(f"every token kept: {why}")
             continue
         last.head_rows = 1
+        marked += 1
         lines.append(f"the last of {len(vit.blocks)} blocks computes the class token alone "
                      "(the head reads nothing else)")
-    return {"blocks": sum(1 for v in vits if getattr(v.blocks[-1], "head_rows", 0)),
-            "line": "; ".join(lines)}
+    return {"blocks": marked, "line": "; ".join(lines)}

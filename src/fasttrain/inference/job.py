@@ -18,23 +18,7 @@ from ..run.child import ChildSpec
 from ..workloads import load_workload
 from . import bench
 from .model import check_device, load_classifier, prepare
-from .spec import REFERENCE, InferRung, InferSpec
-
-
-ADDED = {"quant": "quantized", "head_tokens": "blocks"}
-"""For each step a rung can add (``InferRung.adds``), the key of its ``applied`` entry that
-counts what it changed."""
-
-
-def nothing_added(rung: InferRung, applied: dict) -> str | None:
-    """Why ``rung`` is skipped, where the step it adds to the rung before changed nothing."""
-    if rung.adds is None:
-        return None
-    done = applied.get(rung.adds) or {}
-    if done.get(ADDED[rung.adds]):
-        return None
-    return (f"nothing quantized: {done.get('line')}" if rung.adds == "quant"
-            else done.get("line") or f"{rung.adds}: nothing changed")
+from .spec import REFERENCE, InferSpec, nothing_added
 
 
 def infer_job(child: ChildSpec) -> dict:

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import FasttrainError
 from .model import check_device, prepare
-from .spec import RUNGS, InferRung
+from .spec import RUNGS, InferRung, nothing_added
 
 
 @dataclass
@@ -76,9 +76,8 @@ def serve(model: nn.Module, rung: str | InferRung = "captured",
                              "runs there (eager-fp32, eager-fp16 or sdpa run anywhere)")
     with torch.inference_mode():
         forward, applied = prepare(model.eval(), r, dev)
-    quant = applied.get("quant") or {}
-    if r.quant and not quant.get("quantized"):
-        raise FasttrainError(f"rung {r.name} quantizes nothing in {type(model).__name__}: "
-                             f"{quant.get('line')}; serve it with a 16-bit rung (the model "
-                             "was already cast and converted in place: build it again)")
+    if why := nothing_added(r, applied):
+        raise FasttrainError(f"rung {r.name} adds nothing to {type(model).__name__} ({why}); "
+                             "serve it with the rung before (the model was already cast and "
+                             "converted in place: build it again)")
     return Served(forward, r, applied, dev)

@@ -24,6 +24,11 @@ GATE = 0.99
 """Top-1 agreement with the fp32 model a rung must reach to pass (as parity gates training)."""
 
 
+ADDS = {"quant": "quantized", "head_tokens": "blocks"}
+"""The steps a rung can add to the one before it (``InferRung.adds``), each with the key of its
+``applied`` entry that counts what it changed."""
+
+
 @dataclass(frozen=True)
 class InferRung:
     """One configuration of the forward pass."""
@@ -80,9 +85,12 @@ class InferRung:
         if self.capture and self.compile == "reduce-overhead":
             raise FasttrainError(f"rung {self.name}: capture records its own CUDA graphs; "
                                  "compile with mode default, not reduce-overhead")
-        if self.adds not in (None, "quant", "head_tokens"):
-            raise FasttrainError(f"rung {self.name}: adds {self.adds!r} is not quant or "
-                                 "head_tokens")
+        if self.adds is not None and self.adds not in ADDS:
+            raise FasttrainError(f"rung {self.name}: adds {self.adds!r} is not one of "
+                                 f"{', '.join(ADDS)}")
+        if self.adds is not None and not getattr(self, self.adds):
+            raise FasttrainError(f"rung {self.name}: it adds {self.adds}, which it does not "
+                                 f"set")
         if self.head_tokens and not self.convert:
             raise FasttrainError(f"rung {self.name}: head_tokens works on fasttrain's blocks; "
                                  "it needs convert")
@@ -120,6 +128,19 @@ RUNGS: dict[str, InferRung] = {r.name: r for r in (
               adds="quant"),
 )}
 DEFAULT_RUNGS = tuple(RUNGS)
+
+
+def nothing_added(rung: InferRung, applied: dict) -> str | None:
+    """Why ``rung`` measures nothing new on this model, where the step it adds to the rung
+    before it (``adds``; a quantizing rung's quantization, always) changed nothing there (its
+    ``applied`` line), else None."""
+    step = rung.adds or ("quant" if rung.quant else None)
+    if step is None:
+        return None
+    done = applied.get(step) or {}
+    if done.get(ADDS[step]):
+        return None
+    return done.get("line") or f"{step} changed nothing"
 
 PEERS: dict[str, InferRung] = {r.name: r for r in (
     InferRung("peer-eager-fp16", "the library model in fp16, as it ships",

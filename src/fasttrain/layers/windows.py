@@ -81,15 +81,15 @@ class WindowAttention(FusedPath, nn.Module):
 
     tiles: torch.Tensor | None = None
     """The bias and this layer's mask summed and padded once for the fused kernel
-    (``freeze_bias``), read by calls without gradients; or None: built from the table at every
-    call."""
+    (``freeze_bias``), or None: built from the table at every call."""
 
     def freeze_bias(self, mask: torch.Tensor | None) -> bool:
         """Build the fused forward's bias tiles once from the table as it is now and ``mask``
-        (the one every call of this layer gets), for a model that is served, not trained:
-        calls without gradients skip the per-call gather, sum and padding. Calls with gradients
-        (training) keep building them from the table; changes to the table, its dtype or device
-        after this call are not seen by the tiles (call it again). False where the layer is not
+        (the one every call of this layer gets), for a model that is served, not trained: a
+        call whose table needs no gradient, in the tiles' dtype and device, skips the per-call
+        gather, sum and padding. Moving or casting the layer, loading a state dict or switching
+        it to training drops the tiles (the table's path again); a table changed in place
+        under ``no_grad`` is not seen by them: call this again. False where the layer is not
         on its fused path."""
         if not self.fused:
             return False
@@ -102,6 +102,28 @@ class WindowAttention(FusedPath, nn.Module):
                                            table.dtype)
         return True
 
+    def _apply(self, fn, recurse=True):  # .to(), .half(), .cuda(): the tiles would not follow
+        self.tiles = None
+        return super()._apply(fn, recurse)
+
+    def train(self, mode: bool = True):
+        if mode:
+            self.tiles = None
+        return super().train(mode)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self.tiles = None
+        return super()._load_from_state_dict(*args, **kwargs)
+
+    def _frozen_tiles(self, qkv: torch.Tensor) -> torch.Tensor | None:
+        """The tiles, where this call may read them: built, of qkv's dtype and device (not
+        under an autocast of another dtype), and the table taking no gradient."""
+        t = self.tiles
+        if t is None or t.dtype != qkv.dtype or t.device != qkv.device:
+            return None
+        grad = torch.is_grad_enabled() and self.relative_position_bias_table.requires_grad
+        return None if grad else t
+
     def position_bias(self) -> torch.Tensor:
         N = self.relative_position_index.shape[0]
         bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
@@ -112,17 +134,17 @@ class WindowAttention(FusedPath, nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 proj_bias: bool = True) -> torch.Tensor:
         """``proj_bias=False`` leaves the output projection's bias out, for the caller to add."""
-        if self.fused and self.tiles is not None and not torch.is_grad_enabled():  # freeze_bias
-            from ..kernels.window_attention import map_window_attention_tiles
-
-            out = map_window_attention_tiles(self.qkv(x), self.tiles, self.heads, self.window,
-                                             self.shift)
-            return linear(self.proj, out, bias=proj_bias)
         if self.fused:  # x (B, H, W, C), mask (nW, N, N) for one image's windows
-            from ..kernels.window_attention import map_window_attention
+            from ..kernels.window_attention import (map_window_attention,
+                                                    map_window_attention_tiles)
 
-            out = map_window_attention(self.qkv(x), self.position_bias()[0], mask, self.heads,
-                                       self.window, self.shift)
+            qkv = self.qkv(x)
+            tiles = self._frozen_tiles(qkv)
+            if tiles is not None:  # bias and mask summed once (freeze_bias)
+                out = map_window_attention_tiles(qkv, tiles, self.heads, self.window, self.shift)
+            else:
+                out = map_window_attention(qkv, self.position_bias()[0], mask, self.heads,
+                                           self.window, self.shift)
             return linear(self.proj, out, bias=proj_bias)
         B, H, W, C = x.shape
         win = window_partition(cyclic_shift(x, self.shift) if self.shift else x, self.window)
