@@ -259,9 +259,12 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
 
 def _launch_fwd(qkv: torch.Tensor, bm: torch.Tensor, out: torch.Tensor,
                 lse: torch.Tensor | None, Bw: int, heads: int, scale: float, meta: dict) -> None:
-    """The forward kernel; ``lse`` None: no log-sum-exp written (out stands in as the pointer)."""
+    """The forward kernel; ``lse`` None: no log-sum-exp written (a one-element stand-in for the
+    pointer, not an alias of ``out``, which Inductor would see written through two
+    arguments)."""
     parts = _parts(qkv, Bw, heads, LAUNCH["fwd_programs_per_sm"])
-    launch(_fwd_kernel, (parts, heads), qkv, bm, out, out if lse is None else lse, Bw, scale,
+    lse_arg = lse if lse is not None else torch.empty(1, device=qkv.device, dtype=torch.float32)
+    launch(_fwd_kernel, (parts, heads), qkv, bm, out, lse_arg, Bw, scale,
            STAGES=LAUNCH["fwd_stages"], LSE=lse is not None, **meta)
 
 
