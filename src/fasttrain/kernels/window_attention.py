@@ -109,11 +109,9 @@ def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, Bw, scale, N: tl.constexpr,
                 C: tl.constexpr, D: tl.constexpr, heads: tl.constexpr, NW: tl.constexpr,
                 H: tl.constexpr, W: tl.constexpr, WH: tl.constexpr, WW: tl.constexpr,
                 SHIFT: tl.constexpr, WIDE: tl.constexpr, DOT: tl.constexpr,
-                STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                LSE: tl.constexpr = True):
+                STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program (part, head) walks windows part, part + parts, …: one window each when there
-    are as many parts as windows; else persistent, the next windows' loads in flight (STAGES).
-    LSE: also store each row's log-sum-exp (for the backward)."""
+    are as many parts as windows; else persistent, the next windows' loads in flight (STAGES)."""
     part = tl.program_id(0)
     if WIDE:  # qkv has 2³¹ elements or more: int64 offsets
         part = part.to(tl.int64)
@@ -137,8 +135,7 @@ def _fwd_kernel(qkv_ptr, bm_ptr, out_ptr, lse_ptr, Bw, scale, N: tl.constexpr,
         o = tile_dot(p.to(v.dtype), v, DOT) / denom[:, None]
         tl.store(out_ptr + tok[:, None] * C + head * D + dcols[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=st)
-        if LSE:  # for the backward; the forward from frozen tiles has none
-            tl.store(lse_ptr + (win * heads + head) * N + rows, m + tl.log(denom), mask=rmask)
+        tl.store(lse_ptr + (win * heads + head) * N + rows, m + tl.log(denom), mask=rmask)
 
 
 @triton.jit
@@ -257,15 +254,11 @@ def _fwd(qkv: torch.Tensor, bias: torch.Tensor, mask: Optional[torch.Tensor], he
     return out, lse
 
 
-def _launch_fwd(qkv: torch.Tensor, bm: torch.Tensor, out: torch.Tensor,
-                lse: torch.Tensor | None, Bw: int, heads: int, scale: float, meta: dict) -> None:
-    """The forward kernel; ``lse`` None: no log-sum-exp written (a one-element stand-in for the
-    pointer, not an alias of ``out``, which Inductor would see written through two
-    arguments)."""
+def _launch_fwd(qkv: torch.Tensor, bm: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                Bw: int, heads: int, scale: float, meta: dict) -> None:
     parts = _parts(qkv, Bw, heads, LAUNCH["fwd_programs_per_sm"])
-    lse_arg = lse if lse is not None else torch.empty(1, device=qkv.device, dtype=torch.float32)
-    launch(_fwd_kernel, (parts, heads), qkv, bm, out, lse_arg, Bw, scale,
-           STAGES=LAUNCH["fwd_stages"], LSE=lse is not None, **meta)
+    launch(_fwd_kernel, (parts, heads), qkv, bm, out, lse, Bw, scale,
+           STAGES=LAUNCH["fwd_stages"], **meta)
 
 
 @op("fasttrain::window_attention_fwd_tiles")
@@ -275,9 +268,10 @@ def _fwd_tiles(qkv: torch.Tensor, tiles: torch.Tensor, heads: int, scale: float,
     N = geometry[2] * geometry[3]
     Bw = qkv.numel() // (qkv.shape[-1] * N)
     out = qkv.new_empty((*qkv.shape[:-1], qkv.shape[-1] // 3))
-    if Bw > 0:
+    if Bw > 0:  # the kernel writes each row's log-sum-exp (for a backward), unread here
+        lse = torch.empty((Bw, heads, N), device=qkv.device, dtype=torch.float32)
         meta = _meta(qkv, tiles, N, heads, LAUNCH["fwd_warps"], geometry)
-        _launch_fwd(qkv, tiles, out, None, Bw, heads, scale, meta)
+        _launch_fwd(qkv, tiles, out, lse, Bw, heads, scale, meta)
     return out
 
 
