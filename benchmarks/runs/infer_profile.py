@@ -12,7 +12,6 @@ and the kernels (name, calls per forward, ms per forward), largest first; prints
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -55,7 +54,7 @@ def main() -> None:
     out = Path(args.out)
     for name in args.rungs.split(","):
         rung = {**RUNGS, **PEERS}[name]
-        rung = dataclasses.replace(rung, compile="default" if rung.compile else None)
+        rung = rung.without_graphs()
         with torch.inference_mode():
             fwd, applied = prepare(load_classifier(wl), rung, device)
             for b in [int(s) for s in args.batches.split(",")]:

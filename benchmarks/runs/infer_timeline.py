@@ -17,7 +17,6 @@ Per rung, two rows:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import subprocess
@@ -140,9 +139,7 @@ def main() -> None:
         base = {"workload": args.workload, "rung": name, "batch": args.batch,
                 "env": environment(device)}
         with torch.inference_mode():
-            plain = dataclasses.replace(rung, compile="default" if rung.compile else None,
-                                        capture=False)
-            fwd, applied = prepare(load_classifier(wl), plain, device)
+            fwd, applied = prepare(load_classifier(wl), rung.without_graphs(), device)
             for _ in range(3):
                 fwd(x)
             torch.cuda.synchronize()

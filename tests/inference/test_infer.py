@@ -79,6 +79,14 @@ def test_a_rung_whose_step_changed_nothing_says_why(rung, applied, why):
     assert nothing_added(rung, applied) == why
 
 
+def test_a_rung_without_graphs_keeps_everything_else():
+    plain = RUNGS["captured"].without_graphs()
+    assert (plain.compile, plain.capture) == ("default", False)
+    assert plain.head_tokens and plain.gelu_epilogue and plain.convert
+    assert RUNGS["graphs"].without_graphs().compile == "default"
+    assert RUNGS["sdpa"].without_graphs().compile is None
+
+
 def test_spec_round_trips_through_json():
     spec = InferSpec(workload="vit", size="tiny", rung=asdict(RUNGS["graphs"]))
     back = InferSpec(**json.loads(json.dumps(spec.to_dict())))  # requires: tuple → list → tuple

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -47,7 +47,7 @@ def export_job(child: ChildSpec) -> dict:
     spec = InferSpec(**args)
     rung = spec.rung_config()
     # AOTInductor compiles it; capturing it in CUDA graphs is the server's business
-    rung = type(rung)(**{**asdict(rung), "compile": None, "capture": False})
+    rung = replace(rung, compile=None, capture=False)
     device = torch.device(spec.device)
     wl = load_workload(spec.workload, spec.size, seed=0, data=spec.data, **spec.options)
     images, _ = bench.eval_images(wl, spec.images, Path(spec.workdir))

@@ -23,6 +23,8 @@ from __future__ import annotations
 from torch import nn
 
 from ..converters.registry import class_path
+from ..layers.attention import SelfAttention
+from ..workloads.vit import ViT
 
 VIT = ("timm.models.vision_transformer.VisionTransformer",)
 
@@ -30,8 +32,6 @@ VIT = ("timm.models.vision_transformer.VisionTransformer",)
 def _head_reads_class_token(model: nn.Module) -> str | None:
     """Why ``model`` (a ViT) needs every token of its last block, or None where its head reads
     the class token alone."""
-    from ..workloads.vit import ViT
-
     if isinstance(model, ViT):
         if model.pool != "cls":
             return f"its head averages the tokens (pool={model.pool!r})"
@@ -48,8 +48,6 @@ def _head_reads_class_token(model: nn.Module) -> str | None:
 def _last_block(model: nn.Module) -> nn.Module | None:
     """The last block of ``model.blocks`` where it is one of fasttrain's pre-norm blocks with
     fasttrain's self-attention (a converted timm block, or fasttrain's ViT's own), else None."""
-    from ..layers.attention import SelfAttention
-
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or not len(blocks):
         return None
@@ -64,8 +62,6 @@ def keep_head_tokens(model: nn.Module) -> dict:
     """Mark the last block of every ViT in ``model`` whose head reads the class token alone
     to compute that token only: ``{"blocks": how many were marked, "line": what it did, or
     why not, in one line}``."""
-    from ..workloads.vit import ViT
-
     vits = [m for m in model.modules() if class_path(m) in VIT or isinstance(m, ViT)]
     if not vits:
         return {"blocks": 0, "line": "every token kept: no ViT of timm's or fasttrain's in the "

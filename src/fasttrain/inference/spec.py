@@ -12,7 +12,7 @@ use no fasttrain code but the measuring harness and the image normalisation ever
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import FasttrainError
@@ -74,6 +74,11 @@ class InferRung:
         """Whether it needs a CUDA GPU: ``requires`` says so, or it replays CUDA graphs
         (compile's ``reduce-overhead`` or fasttrain's ``capture``)."""
         return "cuda" in self.requires or self.capture or self.compile == "reduce-overhead"
+
+    def without_graphs(self) -> "InferRung":
+        """This rung with no CUDA graphs of either kind (compiled with compile's default mode
+        where it compiles): the kernels its graphs replay, for a profiler to see."""
+        return replace(self, compile="default" if self.compile else None, capture=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -141,6 +146,7 @@ def nothing_added(rung: InferRung, applied: dict) -> str | None:
     if done.get(ADDS[step]):
         return None
     return done.get("line") or f"{step} changed nothing"
+
 
 PEERS: dict[str, InferRung] = {r.name: r for r in (
     InferRung("peer-eager-fp16", "the library model in fp16, as it ships",
